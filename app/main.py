@@ -1,0 +1,105 @@
+"""`create_app(settings)`: wires settings, catalogue, engines, registry and routes together."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from app import errors
+from app.catalogue import Catalogue, ModelEntry
+from app.requestid import RequestIdMiddleware
+from app.routes import cancel, health, models, speech
+from app.scheduler import Scheduler
+from app.serving import SpeechService
+from app.settings import Settings
+from engines.base import Engine
+from engines.espeak import EspeakEngine
+from engines.kokoro import KokoroEngine
+from engines.onnx import RuntimeOptions
+from engines.piper import PiperEngine
+from engines.registry import EngineRegistry, ModelSpec
+
+log = logging.getLogger(__name__)
+
+EngineBuilder = Callable[[Settings, RuntimeOptions], Engine]
+
+ENGINES: dict[str, EngineBuilder] = {
+    "kokoro": lambda s, rt: KokoroEngine(s.cache_dir, s.models_dir / "kokoro", rt),
+    "piper": lambda s, rt: PiperEngine(s.models_dir / "piper", rt),
+    "espeak": lambda s, rt: EspeakEngine(),
+}
+"""Engine adapters by the `engine` name used in the catalogue; add yours here."""
+
+
+def build_engines(settings: Settings, catalogue: Catalogue, runtime: RuntimeOptions
+                  ) -> dict[str, Engine]:
+    def build(entry: ModelEntry) -> Engine:
+        if entry.engine not in ENGINES:
+            raise ValueError(f"catalogue: model {entry.id} names unknown engine '{entry.engine}'")
+        return ENGINES[entry.engine](settings, runtime)
+
+    return {model_id: build(entry) for model_id, entry in catalogue.models.items()}
+
+
+def _same(engine: Engine) -> Callable[[], Engine]:
+    """Registry factory that reuses one adapter: its voices stay listable while unloaded."""
+    return lambda: engine
+
+
+async def _preload(app: FastAPI, service: SpeechService) -> None:
+    try:
+        for model_id in service.settings.preload:
+            if model_id not in service.engines:
+                log.warning("preload: unknown model %s skipped", model_id)
+                continue
+            try:
+                await service.registry.load(model_id)
+                await service.warm_up(model_id)
+                log.info("preloaded %s", model_id)
+            except Exception as exc:  # the model is marked error; the others keep serving
+                log.error("preload of %s failed: %s", model_id, exc)
+    finally:
+        app.state.ready.set()
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    catalogue = Catalogue.load(settings.catalogue)
+    runtime = RuntimeOptions(
+        providers=tuple(settings.providers), intra_op_threads=settings.intra_op_threads
+    )
+    engines = build_engines(settings, catalogue, runtime)
+    registry = EngineRegistry(
+        {
+            model_id: ModelSpec(model_id, _same(engine), settings.ttl_for(model_id))
+            for model_id, engine in engines.items()
+        },
+        max_loaded=settings.max_loaded,
+    )
+    scheduler = Scheduler(settings.concurrency, settings.queue_size)
+    service = SpeechService(settings, catalogue, engines, registry, scheduler)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.ready = asyncio.Event()
+        task = asyncio.create_task(_preload(app, service))
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await registry.close()
+
+    app = FastAPI(title="VoxMux", version="0.1.0", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.service = service
+    app.state.runtime = runtime
+    errors.install(app)
+    app.add_middleware(RequestIdMiddleware)
+    for module in (speech, models, health, cancel):
+        app.include_router(module.router)
+    return app

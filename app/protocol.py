@@ -1,0 +1,108 @@
+"""Request and response bodies of the HTTP API (pydantic models only)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+from engines.registry import ModelStatus
+
+ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class VoiceRef(Strict):
+    id: str = Field(min_length=1)
+
+
+class SpeechRequest(Strict):
+    """OpenAI's `POST /v1/audio/speech` body, plus `language`; `text` is an alias of `input`."""
+
+    model: str = Field(min_length=1)
+    input: str = Field(validation_alias=AliasChoices("input", "text"))
+    voice: str | VoiceRef | None = None
+    instructions: str | None = None
+    response_format: ResponseFormat = "mp3"
+    speed: float = Field(1.0, ge=0.25, le=4.0)
+    stream_format: Literal["audio", "sse"] = "audio"
+    language: str | None = Field(None, description="Override the detected language (e.g. ja)")
+
+    @property
+    def voice_id(self) -> str | None:
+        return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "voxmux"
+    engine: str
+    status: ModelStatus
+    installed: bool = True
+    aliases: list[str] = []
+    description: str = ""
+    default_voice: str = ""
+    error: str | None = None
+    voice_errors: dict[str, str] = {}
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class VoiceCard(BaseModel):
+    id: str
+    name: str
+    language: str
+    gender: str
+    model: str
+
+
+class VoiceList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[VoiceCard]
+
+
+class SwitchRequest(Strict):
+    model: str = Field(min_length=1)
+    unload_previous: bool = True
+
+
+class SwitchResponse(BaseModel):
+    model: str
+    previous: str | None
+    previous_unloaded: bool
+    previous_busy: bool
+    status: ModelStatus
+
+
+HealthStatus = Literal["ok", "idle", "loading", "degraded"]
+
+
+class Health(BaseModel):
+    status: HealthStatus
+    profile: str
+    models: dict[str, dict[str, Any]]
+    warnings: list[str] = []
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 409, 429, 500, 503)
+}

@@ -1,0 +1,119 @@
+"""Turn a running `AudioStream` into an HTTP response: chunked audio or OpenAI-style SSE.
+
+The first chunk is awaited before the response starts, so a load or synthesis failure on it is
+still a proper error status; later failures end an audio stream early (logged) or become an SSE
+`error` event.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi.responses import StreamingResponse
+
+from app.audio import CONTENT_TYPES, StreamEncoder
+from app.errors import error_body
+from app.serving import AudioStream, SpeechJob
+from engines.base import Audio, InvalidParameter, SynthesisFailed, VoxMuxError
+
+log = logging.getLogger(__name__)
+
+
+async def first_chunk(stream: AudioStream) -> Audio:
+    """Wait for the first audio; on failure the stream is closed and the error raised."""
+    try:
+        return await anext(stream)
+    except StopAsyncIteration:
+        await stream.aclose()
+        raise InvalidParameter(
+            "The input has nothing speakable in it", param="input", code="empty_audio"
+        ) from None
+    except BaseException:
+        await stream.aclose()
+        raise
+
+
+def job_headers(job: SpeechJob, encoder: StreamEncoder) -> dict[str, str]:
+    headers = {
+        "X-Sample-Rate": str(encoder.output_sample_rate),
+        "X-VoxMux-Model": job.model.id,
+        "X-VoxMux-Voice": job.voice,
+        "X-VoxMux-Segments": str(len(job.segments)),
+    }
+    if job.warnings:
+        headers["X-VoxMux-Warnings"] = "; ".join(job.warnings)
+    return headers
+
+
+async def _chunks(first: Audio, stream: AudioStream) -> AsyncIterator[Audio]:
+    yield first
+    async for chunk in stream:
+        yield chunk
+
+
+async def _audio_bytes(first: Audio, stream: AudioStream, encoder: StreamEncoder
+                       ) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in _chunks(first, stream):
+            data = encoder.encode(chunk)
+            if data:
+                yield data
+        yield encoder.finish()
+    except VoxMuxError as exc:
+        log.warning("request %s aborted after streaming began: %s", stream.job.id, exc.message)
+    finally:
+        await stream.aclose()
+
+
+def audio_response(job: SpeechJob, stream: AudioStream, first: Audio, fmt: str
+                   ) -> StreamingResponse:
+    encoder = StreamEncoder(fmt, job.sample_rate)
+    return StreamingResponse(
+        _audio_bytes(first, stream, encoder),
+        media_type=CONTENT_TYPES[fmt],
+        headers=job_headers(job, encoder),
+    )
+
+
+def _event(payload: dict[str, object]) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+async def _sse_events(job: SpeechJob, first: Audio, stream: AudioStream,
+                      encoder: StreamEncoder) -> AsyncIterator[str]:
+    def delta(data: bytes) -> str:
+        return _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+
+    try:
+        async for chunk in _chunks(first, stream):
+            data = encoder.encode(chunk)
+            if data:
+                yield delta(data)
+        tail = encoder.finish()
+        if tail:
+            yield delta(tail)
+        chars = len(job.text)
+        yield _event({
+            "type": "speech.audio.done",
+            "usage": {"input_tokens": chars, "output_tokens": 0, "total_tokens": chars},
+            "stats": job.stats.envelope(job.sample_rate, len(job.segments)),
+        })
+    except VoxMuxError as exc:
+        yield _event({"type": "error", **error_body(exc)})
+    except Exception as exc:  # the stream is already 200: report, never a broken socket
+        log.exception("SSE stream %s failed", job.id)
+        yield _event({"type": "error", **error_body(SynthesisFailed(str(exc)))})
+    finally:
+        await stream.aclose()
+
+
+def sse_response(job: SpeechJob, stream: AudioStream, first: Audio, fmt: str
+                 ) -> StreamingResponse:
+    encoder = StreamEncoder(fmt, job.sample_rate)
+    headers = job_headers(job, encoder) | {"Cache-Control": "no-cache"}
+    return StreamingResponse(
+        _sse_events(job, first, stream, encoder), media_type="text/event-stream", headers=headers
+    )

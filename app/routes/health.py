@@ -1,0 +1,31 @@
+"""`GET /health`: ok when every preloaded model is ready, idle counts as healthy."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from app.deps import ServiceDep
+from app.protocol import Health, HealthStatus
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/health", response_model=Health)
+async def health(request: Request, service: ServiceDep) -> Health:
+    states = service.registry.status()
+    models = {
+        model_id: {"status": s.status, "refcount": s.refcount, "error": s.error}
+        for model_id, s in states.items()
+    }
+    warnings = list(request.app.state.runtime.fallbacks)
+    status: HealthStatus
+    if not request.app.state.ready.is_set():
+        status = "loading"
+    elif warnings or any(s.status == "error" for s in states.values()):
+        status = "degraded"
+    elif any(s.status == "ready" for s in states.values()):
+        status = "ok"
+    else:
+        status = "idle"
+    return Health(status=status, profile=service.settings.profile, models=models,
+                  warnings=warnings)

@@ -1,0 +1,32 @@
+"""`POST /v1/audio/speech`: OpenAI's speech route, streamed as segments finish."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+
+from app.deps import RequestIdDep, ServiceDep
+from app.protocol import ERROR_RESPONSES, SpeechRequest
+from app.responses import audio_response, first_chunk, sse_response
+
+router = APIRouter(tags=["speech"])
+
+
+@router.post("/v1/audio/speech", responses=ERROR_RESPONSES, response_class=StreamingResponse)
+async def create_speech(
+    body: SpeechRequest, service: ServiceDep, request_id: RequestIdDep
+) -> StreamingResponse:
+    job = service.plan(
+        model=body.model,
+        text=body.input,
+        voice=body.voice_id,
+        speed=body.speed,
+        language=body.language,
+        instructions=body.instructions,
+        request_id=request_id,
+    )
+    stream = service.run(job)
+    first = await first_chunk(stream)
+    if body.stream_format == "sse":
+        return sse_response(job, stream, first, body.response_format)
+    return audio_response(job, stream, first, body.response_format)

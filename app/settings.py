@@ -1,0 +1,96 @@
+"""All of VoxMux's settings: one class, env prefix `VOXMUX_`, nested fields split by `__`.
+
+A deployment profile is an env file under `config/profiles/`; variables set in the environment
+win over the profile's values.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILES_DIR = ROOT / "config" / "profiles"
+
+
+def _split_csv(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="VOXMUX_", env_nested_delimiter="__", extra="ignore", validate_default=True
+    )
+
+    profile: str = "cpu"
+    """Name of the deployment profile in force (cpu, gpu, legacy-gpu); informational."""
+    host: str = "127.0.0.1"
+    """Interface the server binds."""
+    port: int = 8100
+    """TCP port the server listens on."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Log verbosity."""
+
+    catalogue: Path = ROOT / "config" / "models.toml"
+    """Model catalogue: models, aliases and OpenAI voice-name mappings."""
+    models_dir: Path = ROOT / "models"
+    """User models: `kokoro/` voice packs, `piper/` `.onnx` + `.onnx.json` pairs."""
+    cache_dir: Path = ROOT / "var" / "cache"
+    """Writable dir for assembled weights (the Kokoro ONNX file is joined here once)."""
+    credentials_dir: Path = ROOT / "var" / "credentials"
+    """Where `api_keys=auto` keeps its generated key (mode 0600)."""
+
+    preload: Annotated[list[str], NoDecode] = ["kokoro"]
+    """Models loaded and warmed up at start (comma list); `/health` says loading until then."""
+    idle_ttl: float = 600
+    """Seconds an idle model stays loaded: -1 never unload, 0 unload at once."""
+    model_ttl: dict[str, float] = {}
+    """Per-model idle TTL overrides, e.g. `VOXMUX_MODEL_TTL__PIPER=-1`."""
+    max_loaded: int | None = None
+    """Most models resident at once; the least recently used idle one is evicted."""
+
+    providers: Annotated[list[str], NoDecode] = ["CPUExecutionProvider"]
+    """onnxruntime execution providers in order of preference (comma list)."""
+    intra_op_threads: int = 0
+    """onnxruntime threads per inference; 0 lets onnxruntime choose."""
+
+    max_input_chars: int = Field(4096, gt=0)
+    """Longest `input` accepted by the speech routes."""
+    first_segment_chars: int = Field(120, gt=10)
+    """Budget of the first text segment, kept short so the first audio arrives early."""
+    sentence_pause_ms: int = 250
+    """Pause inserted between sentences of one request."""
+    concurrency: int = Field(1, ge=1)
+    """Requests synthesized at once per model; more wait in the queue."""
+    queue_size: int = Field(16, ge=0)
+    """Requests allowed to wait per model; beyond it a 429 with Retry-After."""
+    request_timeout: float = Field(120, gt=0)
+    """Seconds a request may take in all before it is stopped (504)."""
+
+    @field_validator("preload", "providers", mode="before")
+    @classmethod
+    def _csv(cls, value: Any) -> Any:
+        return _split_csv(value)
+
+    def ttl_for(self, model_id: str) -> float:
+        return self.model_ttl.get(model_id, self.idle_ttl)
+
+
+def profile_path(name: str) -> Path:
+    path = PROFILES_DIR / f"{name}.env"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.env")))
+        raise ValueError(f"unknown profile '{name}' (known: {known})")
+    return path
+
+
+def load_settings(profile: str | None = None, **overrides: Any) -> Settings:
+    """Settings from a profile env file, the environment (wins) and explicit overrides (win)."""
+    env_file = profile_path(profile) if profile else None
+    return Settings(_env_file=env_file, **overrides)
+

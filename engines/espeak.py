@@ -1,0 +1,70 @@
+"""eSpeak NG formant synthesis: every language eSpeak NG ships, 22,050 Hz, no weights.
+
+Voice ids are eSpeak language codes (`en-us`, `cmn`, `fr-fr`); a `+variant` suffix picks one of
+eSpeak's voice variants (`en-us+f3`). Speed maps onto words per minute.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+
+import espeakng_loader
+
+from engines.base import Audio, Capabilities, SynthesisRequest, Voice, VoiceNotFound
+from engines.espeak_lib import DEFAULT_WPM, MAX_WPM, MIN_WPM, espeak
+
+
+@functools.cache
+def _variants() -> frozenset[str]:
+    from pathlib import Path
+
+    folder = Path(espeakng_loader.get_data_path()) / "voices" / "!v"
+    return frozenset(p.name for p in folder.iterdir() if p.is_file())
+
+
+class EspeakEngine:
+    name = "espeak"
+    sample_rate = 22_050
+    capabilities = Capabilities(
+        speed_range=(MIN_WPM / DEFAULT_WPM, MAX_WPM / DEFAULT_WPM), max_segment_chars=600
+    )
+
+    def __init__(self) -> None:
+        self._loaded = False
+
+    @property
+    def loaded(self) -> bool:
+        return self._loaded
+
+    @functools.cached_property
+    def _languages(self) -> dict[str, Voice]:
+        return {
+            v.language: Voice(
+                id=v.language, name=v.name, model=self.name, language=v.language, gender=v.gender
+            )
+            for v in espeak().voices()
+        }
+
+    def voices(self) -> list[Voice]:
+        return list(self._languages.values())
+
+    def load(self) -> None:
+        self.sample_rate = espeak().sample_rate
+        self._loaded = True
+
+    def unload(self) -> None:
+        self._loaded = False
+
+    def validate(self, req: SynthesisRequest) -> None:
+        language, _, variant = req.voice.partition("+")
+        if language not in self._languages:
+            raise VoiceNotFound(f"eSpeak NG has no language voice '{language}'", param="voice")
+        if variant and variant not in _variants():
+            raise VoiceNotFound(f"eSpeak NG has no voice variant '{variant}'", param="voice")
+
+    def stream(self, req: SynthesisRequest) -> Iterator[Audio]:
+        yield self.synthesize(req)
+
+    def synthesize(self, req: SynthesisRequest) -> Audio:
+        return espeak().synthesize(req.text, req.voice, wpm=round(DEFAULT_WPM * req.speed))

@@ -1,0 +1,165 @@
+"""eSpeak NG through ctypes on the library and data that `espeakng-loader` ships.
+
+The C library keeps global state (current voice, parameters, one synth callback), so every call
+goes through one process-wide lock. It serves two jobs: phonemes for the neural engines and speech
+for the `espeak` engine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import threading
+import unicodedata
+from dataclasses import dataclass
+from typing import Any
+
+import espeakng_loader
+import numpy as np
+
+from engines.base import Audio
+
+_AUDIO_OUTPUT_SYNCHRONOUS = 2
+_INITIALIZE_DONT_EXIT = 0x8000
+_CHARS_UTF8 = 1
+_POS_CHARACTER = 1
+_PHONEMES_IPA = 0x02
+_RATE, _PITCH = 1, 3
+DEFAULT_WPM = 175
+MIN_WPM, MAX_WPM = 80, 450
+
+# Punctuation kept around phonemized clauses: eSpeak drops it, but the neural models use it
+# for prosody (pauses, question intonation).
+_CLAUSE = re.compile(r"([^.,!?;:…。！？、，；：]+)([.,!?;:…。！？、，；：]*\s*)")
+_PUNCT_ASCII = str.maketrans("。！？、，；：", ".!?,,;:")
+
+_SynthCallback = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p
+)
+
+
+class _VoiceStruct(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("languages", ctypes.c_void_p),
+        ("identifier", ctypes.c_char_p),
+        ("gender", ctypes.c_ubyte),
+        ("age", ctypes.c_ubyte),
+        ("variant", ctypes.c_ubyte),
+        ("xx1", ctypes.c_ubyte),
+        ("score", ctypes.c_int),
+        ("spare", ctypes.c_void_p),
+    ]
+
+
+@dataclass(frozen=True)
+class EspeakVoice:
+    language: str
+    name: str
+    identifier: str
+    gender: str
+
+
+class EspeakLibrary:
+    """One initialised eSpeak NG instance; use `espeak()` to get the shared one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lib: Any = ctypes.CDLL(espeakng_loader.get_library_path())
+        data = espeakng_loader.get_data_path().encode()
+        self.sample_rate = int(
+            self._lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, data, _INITIALIZE_DONT_EXIT)
+        )
+        if self.sample_rate <= 0:
+            raise RuntimeError("eSpeak NG failed to initialise its data directory")
+        self._lib.espeak_TextToPhonemes.restype = ctypes.c_char_p
+        self._lib.espeak_TextToPhonemes.argtypes = [
+            ctypes.POINTER(ctypes.c_char_p), ctypes.c_int, ctypes.c_int
+        ]
+        self._lib.espeak_ListVoices.restype = ctypes.POINTER(ctypes.POINTER(_VoiceStruct))
+        self._chunks: list[Audio] = []
+        self._callback = _SynthCallback(self._on_audio)  # kept alive for the C side
+        self._lib.espeak_SetSynthCallback(self._callback)
+        self._current_voice = b""
+        self._identifiers = {v.language: v.identifier for v in self.voices()}
+
+    def _on_audio(self, wav: Any, count: int, _events: Any) -> int:
+        if wav and count > 0:
+            pcm = np.ctypeslib.as_array(wav, shape=(count,))
+            self._chunks.append(pcm.astype(np.float32) / 32768.0)
+        return 0
+
+    def _set_voice(self, voice: str) -> None:
+        # eSpeak looks voices up by file name; language codes like en-gb map to gmw/en.
+        language, plus, variant = voice.partition("+")
+        name = (self._identifiers.get(language, language) + plus + variant).encode()
+        if name != self._current_voice:
+            if self._lib.espeak_SetVoiceByName(name) != 0:
+                raise ValueError(f"eSpeak NG has no voice '{voice}'")
+            self._current_voice = name
+
+    def voices(self) -> list[EspeakVoice]:
+        with self._lock:
+            array = self._lib.espeak_ListVoices(None)
+            found: list[EspeakVoice] = []
+            i = 0
+            while array[i]:
+                v = array[i].contents
+                # `languages` is a list of (priority byte, NUL-terminated name); take the first.
+                language = ctypes.string_at(v.languages + 1).decode()
+                gender = {1: "male", 2: "female"}.get(v.gender, "")
+                found.append(
+                    EspeakVoice(language, (v.name or b"").decode(), v.identifier.decode(), gender)
+                )
+                i += 1
+        return found
+
+    def phonemize(self, text: str, voice: str) -> str:
+        """IPA phonemes for `text`, keeping clause punctuation where it stood."""
+        pieces: list[str] = []
+        with self._lock:
+            self._set_voice(voice)
+            for clause, punct in _CLAUSE.findall(text):
+                phonemes = self._clause_phonemes(clause) if clause.strip() else ""
+                tail = punct.translate(_PUNCT_ASCII).strip()
+                pieces.append(phonemes + tail)
+        return unicodedata.normalize("NFC", " ".join(p for p in pieces if p))
+
+    def _clause_phonemes(self, clause: str) -> str:
+        buffer = ctypes.c_char_p(clause.encode())
+        pointer = ctypes.pointer(buffer)
+        out: list[str] = []
+        while buffer.value:
+            result = self._lib.espeak_TextToPhonemes(pointer, _CHARS_UTF8, _PHONEMES_IPA)
+            if result:
+                out.append(result.decode().strip())
+        return " ".join(p for p in out if p)
+
+    def synthesize(self, text: str, voice: str, wpm: int = DEFAULT_WPM, pitch: int = 50) -> Audio:
+        data = text.encode()
+        with self._lock:
+            self._set_voice(voice)
+            self._lib.espeak_SetParameter(_RATE, max(MIN_WPM, min(MAX_WPM, wpm)), 0)
+            self._lib.espeak_SetParameter(_PITCH, pitch, 0)
+            self._chunks = []
+            status = self._lib.espeak_Synth(
+                data, len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None
+            )
+            chunks, self._chunks = self._chunks, []
+        if status != 0:
+            raise RuntimeError(f"espeak_Synth failed with status {status}")
+        if not chunks:
+            return np.zeros(0, dtype=np.float32)
+        return np.concatenate(chunks)
+
+
+_shared: EspeakLibrary | None = None
+_shared_lock = threading.Lock()
+
+
+def espeak() -> EspeakLibrary:
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = EspeakLibrary()
+        return _shared

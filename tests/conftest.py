@@ -1,0 +1,116 @@
+"""Shared fixtures: a real uvicorn server on a free port, real engines, real clients."""
+
+from __future__ import annotations
+
+import io
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import av
+import httpx
+import numpy as np
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from app.main import create_app
+from app.settings import Settings
+
+CACHE_DIR = Path(__file__).resolve().parent.parent / "var" / "test-cache"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class LiveServer:
+    app: FastAPI
+    url: str
+    server: uvicorn.Server
+    thread: threading.Thread
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=120, **kwargs)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def start_server(settings: Settings) -> LiveServer:
+    port = free_port()
+    app = create_app(settings)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                            ws_max_size=1 << 20)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=5).json()["status"] != "loading":
+                return LiveServer(app, url, server, thread)
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    server.should_exit = True
+    raise RuntimeError("server did not become ready")
+
+
+def test_settings(tmp: Path, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "models_dir": tmp / "models",
+        "cache_dir": CACHE_DIR,
+        "credentials_dir": tmp / "credentials",
+        "preload": ["kokoro"],
+        "queue_size": 64,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    live = start_server(test_settings(tmp_path_factory.mktemp("server")))
+    yield live
+    live.stop()
+
+
+@dataclass
+class Decoded:
+    samples: np.ndarray
+    sample_rate: int
+
+    @property
+    def duration(self) -> float:
+        return len(self.samples) / self.sample_rate
+
+    @property
+    def rms(self) -> float:
+        return float(np.sqrt(np.mean(np.square(self.samples)))) if len(self.samples) else 0.0
+
+
+def decode(data: bytes, fmt: str, pcm_rate: int | None = None) -> Decoded:
+    """Decode with FFmpeg through PyAV (an independent decoder); `pcm` is raw s16le."""
+    if fmt == "pcm":
+        assert pcm_rate, "pcm needs its rate from X-Sample-Rate"
+        samples = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768
+        return Decoded(samples, pcm_rate)
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        rate = stream.codec_context.sample_rate
+        frames = [f.to_ndarray().astype(np.float32).reshape(f.layout.nb_channels, -1)[0]
+                  for f in container.decode(stream)]
+    samples = np.concatenate(frames) if frames else np.zeros(0, np.float32)
+    if np.abs(samples).max(initial=0) > 2:  # integer sample formats
+        samples = samples / 32768
+    return Decoded(samples, rate)
