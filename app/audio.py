@@ -226,6 +226,13 @@ class StreamEncoder:
         return self._header
 
 
+def output_rate(fmt: str, sample_rate: int) -> int:
+    """The sample rate `fmt` carries audio at, given input at `sample_rate`."""
+    _check(fmt, sample_rate)
+    spec = _SPECS.get(fmt)
+    return (spec.rate or _codec_rate(spec.codec, sample_rate)) if spec else sample_rate
+
+
 def encode_whole(samples: npt.ArrayLike, sample_rate: int, fmt: str) -> bytes:
     """Encode a complete clip; seekable output lets MP3 carry a Xing header with its length."""
     _check(fmt, sample_rate)

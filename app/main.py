@@ -7,19 +7,20 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from app import errors
+from app.auth import Authenticator, install_log_redaction, require_synthesis, resolve_keys
 from app.catalogue import Catalogue, ModelEntry
 from app.requestid import RequestIdMiddleware
-from app.routes import cancel, health, models, speech
+from app.routes import cancel, health, models, monitoring, native, session, speech, studio, ws
 from app.scheduler import Scheduler
 from app.serving import SpeechService
 from app.settings import Settings
 from engines.base import Engine
 from engines.espeak import EspeakEngine
 from engines.kokoro import KokoroEngine
-from engines.onnx import RuntimeOptions
+from engines.onnx import CUDA, RuntimeOptions, check_providers
 from engines.piper import PiperEngine
 from engines.registry import EngineRegistry, ModelSpec
 
@@ -43,6 +44,14 @@ def build_engines(settings: Settings, catalogue: Catalogue, runtime: RuntimeOpti
         return ENGINES[entry.engine](settings, runtime)
 
     return {model_id: build(entry) for model_id, entry in catalogue.models.items()}
+
+
+def runtime_options(settings: Settings) -> RuntimeOptions:
+    return RuntimeOptions(
+        providers=tuple(settings.providers),
+        intra_op_threads=settings.intra_op_threads,
+        provider_options={CUDA: dict(settings.cuda_options)} if settings.cuda_options else {},
+    )
 
 
 def _same(engine: Engine) -> Callable[[], Engine]:
@@ -69,9 +78,8 @@ async def _preload(app: FastAPI, service: SpeechService) -> None:
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     catalogue = Catalogue.load(settings.catalogue)
-    runtime = RuntimeOptions(
-        providers=tuple(settings.providers), intra_op_threads=settings.intra_op_threads
-    )
+    runtime = runtime_options(settings)
+    check_providers(runtime)  # a missing CUDA shows in /health before the first model loads
     engines = build_engines(settings, catalogue, runtime)
     registry = EngineRegistry(
         {
@@ -98,8 +106,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.service = service
     app.state.runtime = runtime
+    keys = [key.get_secret_value() for key in settings.api_keys]
+    app.state.auth = Authenticator(
+        resolve_keys(keys, settings.credentials_dir), settings.auth_scope, settings.session_ttl
+    )
+    install_log_redaction()
     errors.install(app)
     app.add_middleware(RequestIdMiddleware)
-    for module in (speech, models, health, cancel):
+    guarded = [Depends(require_synthesis)]  # WebSocket routes call authorize_websocket instead
+    for module in (speech, models, cancel, native):
+        app.include_router(module.router, dependencies=guarded)
+    for module in (health, ws, monitoring, session):
         app.include_router(module.router)
+    studio.install(app)
     return app

@@ -36,6 +36,62 @@ class SpeechRequest(Strict):
         return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
 
 
+class SynthRequest(Strict):
+    """`POST /v1/synth`: the speech fields, one WAV file back; `model` defaults per settings."""
+
+    model: str | None = Field(None, min_length=1)
+    input: str = Field(validation_alias=AliasChoices("input", "text"))
+    voice: str | VoiceRef | None = None
+    instructions: str | None = None
+    response_format: Literal["wav"] = "wav"
+    speed: float = Field(1.0, ge=0.25, le=4.0)
+    language: str | None = Field(None, description="Override the detected language (e.g. ja)")
+
+    @property
+    def voice_id(self) -> str | None:
+        return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
+
+
+class SessionRequest(Strict):
+    """`POST /v1/auth/session`: trade an API key for a browser session cookie."""
+
+    key: str
+
+
+WsAudioFormat = Literal["pcm_s16le", "wav"]
+
+
+class WsOptions(Strict):
+    """First frame of `WS /ws/v1/tts/text`: the speech options, without text."""
+
+    model: str = Field(min_length=1)
+    voice: str | VoiceRef | None = None
+    instructions: str | None = None
+    speed: float = Field(1.0, ge=0.25, le=4.0)
+    language: str | None = Field(None, description="Override the detected language (e.g. ja)")
+    format: WsAudioFormat = Field(
+        "pcm_s16le", description="Raw s16le mono, or the same preceded by one WAV header frame"
+    )
+    binary: bool = Field(True, description="False: audio as base64 in JSON `audio` frames")
+
+    @property
+    def voice_id(self) -> str | None:
+        return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
+
+
+class WsSpeechRequest(WsOptions):
+    """The one request frame of `WS /ws/v1/tts`: the speech fields plus `format` and `binary`."""
+
+    input: str = Field(validation_alias=AliasChoices("input", "text"))
+
+
+class WsTextMessage(Strict):
+    """A frame after the options on `WS /ws/v1/tts/text`: text to append, then the command."""
+
+    type: Literal["text", "flush", "end", "cancel"] = "text"
+    text: str = ""
+
+
 class ErrorInfo(BaseModel):
     message: str
     type: str
@@ -91,6 +147,21 @@ class SwitchResponse(BaseModel):
     previous_unloaded: bool
     previous_busy: bool
     status: ModelStatus
+
+
+class ModelRescanCard(BaseModel):
+    model: str
+    added: list[str]
+    removed: list[str]
+    changed: list[str]
+    """Voices whose files were replaced under the same id."""
+    voice_errors: dict[str, str]
+    cache_cleared: int
+
+
+class RescanResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelRescanCard]
 
 
 HealthStatus = Literal["ok", "idle", "loading", "degraded"]

@@ -37,11 +37,16 @@ async def first_chunk(stream: AudioStream) -> Audio:
 
 
 def job_headers(job: SpeechJob, encoder: StreamEncoder) -> dict[str, str]:
+    return base_headers(job, encoder.output_sample_rate)
+
+
+def base_headers(job: SpeechJob, sample_rate: int) -> dict[str, str]:
     headers = {
-        "X-Sample-Rate": str(encoder.output_sample_rate),
+        "X-Sample-Rate": str(sample_rate),
         "X-VoxMux-Model": job.model.id,
         "X-VoxMux-Voice": job.voice,
         "X-VoxMux-Segments": str(len(job.segments)),
+        "X-VoxMux-Cache": job.stats.cache,
     }
     if job.warnings:
         headers["X-VoxMux-Warnings"] = "; ".join(job.warnings)

@@ -3,7 +3,8 @@
 Planning (`plan`) checks everything that can be checked before a byte is sent. Running (`run`)
 synthesizes segment by segment in a producer task that owns the scheduler slot and the engine
 lease, so a slow reader never holds an engine and a cancel or disconnect stops the remaining
-segments at once.
+segments at once. A request found in the audio cache is replayed instead, with no slot, lease or
+engine; every other one is cached when it succeeds. Each request keeps its line in `/requests`.
 """
 
 from __future__ import annotations
@@ -12,27 +13,33 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from app import dsp
+from app.cache import AudioCache, CachedAudio, cache_key
 from app.catalogue import Catalogue, ModelEntry
+from app.memory import MemoryTracker
+from app.metrics import Metrics
 from app.scheduler import Scheduler
 from app.settings import Settings
+from app.stats import Outcome, RequestRecord, RequestStatus, ServingStats
 from app.textsplit import split_text
 from engines.base import (
     Audio,
     Cancelled,
     Engine,
     InvalidParameter,
+    Overloaded,
     RequestTimeout,
     SynthesisFailed,
     SynthesisRequest,
     VoxMuxError,
 )
-from engines.registry import EngineRegistry
+from engines.registry import EngineRegistry, ModelStatus
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +53,8 @@ class JobStats:
     finished: float | None = None
     samples: int = 0
     segments_done: int = 0
+    cache: str = "miss"
+    memory: MemoryTracker = field(default_factory=MemoryTracker)
 
     def envelope(self, sample_rate: int, segments: int) -> dict[str, object]:
         end = self.finished or time.perf_counter()
@@ -58,6 +67,8 @@ class JobStats:
             "audio_duration_ms": round(audio_s * 1000, 1),
             "rtf": round(total / audio_s, 4) if audio_s else None,
             "segments": segments,
+            "cache": self.cache,
+            "mem": self.memory.envelope(),
         }
 
 
@@ -74,6 +85,8 @@ class SpeechJob:
     language: str | None
     warnings: list[str]
     stats: JobStats = field(default_factory=JobStats)
+    record: RequestRecord | None = None
+    """This job's line in `/requests`; None for internal jobs (warm-up)."""
 
     @property
     def sample_rate(self) -> int:
@@ -92,15 +105,32 @@ def split_speed(speed: float, native: tuple[float, float]) -> tuple[float, float
     return inside, speed / inside
 
 
-class AudioStream:
-    """Async iterator over a job's audio chunks, fed by a producer task."""
+@dataclass(frozen=True)
+class SegmentEnd:
+    """Follows the last chunk of one segment in `AudioStream.next_event`'s sequence."""
 
-    def __init__(self, job: SpeechJob, producer: AsyncIterator[Audio]) -> None:
+    index: int
+    text: str
+    samples: int
+    """Samples of this segment's audio, including the pause before it."""
+
+
+Events = AsyncGenerator[Audio | SegmentEnd, None]
+"""What a producer yields: audio chunks, each segment followed by its `SegmentEnd`."""
+
+
+class AudioStream:
+    """Async iterator over a job's audio chunks, fed by a producer task.
+
+    Iterating yields audio only; `next_event` also returns a `SegmentEnd` after each segment.
+    """
+
+    def __init__(self, job: SpeechJob, producer: AsyncIterator[Audio | SegmentEnd]) -> None:
         self.job = job
         self._queue: asyncio.Queue[object] = asyncio.Queue()
         self._task = asyncio.create_task(self._produce(producer), name=f"speech-{job.id}")
 
-    async def _produce(self, producer: AsyncIterator[Audio]) -> None:
+    async def _produce(self, producer: AsyncIterator[Audio | SegmentEnd]) -> None:
         try:
             async for chunk in producer:
                 self._queue.put_nowait(chunk)
@@ -115,12 +145,19 @@ class AudioStream:
         return self
 
     async def __anext__(self) -> Audio:
+        while True:
+            item = await self.next_event()
+            if not isinstance(item, SegmentEnd):
+                return item
+
+    async def next_event(self) -> Audio | SegmentEnd:
+        """The next chunk or segment end; raises StopAsyncIteration at the end."""
         item = await self._queue.get()
         if item is _DONE:
             raise StopAsyncIteration
         if isinstance(item, BaseException):
             raise item
-        assert isinstance(item, np.ndarray)
+        assert isinstance(item, np.ndarray | SegmentEnd)
         return item
 
     def cancel(self) -> None:
@@ -140,6 +177,10 @@ class SpeechService:
         engines: dict[str, Engine],
         registry: EngineRegistry,
         scheduler: Scheduler,
+        *,
+        cache: AudioCache | None = None,
+        stats: ServingStats | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
         self.catalogue = catalogue
@@ -147,6 +188,12 @@ class SpeechService:
         self.registry = registry
         self.scheduler = scheduler
         self.active: dict[str, AudioStream] = {}
+        self.cache = cache or AudioCache(
+            settings.cache_max_items, settings.cache_max_bytes, settings.cache_max_item_bytes
+        )
+        self.stats = stats or ServingStats(settings.request_log_size, settings.stats_window)
+        self.metrics = metrics or Metrics(scheduler, registry, self.cache)
+        registry.on_change.append(self._observe_load)
 
     def resolve_voice(self, entry: ModelEntry, voice: str | None) -> str:
         if not voice:
@@ -201,10 +248,139 @@ class SpeechService:
         engine.validate(job.request(job.segments[0]))
         return job
 
-    def run(self, job: SpeechJob) -> AudioStream:
-        stream = AudioStream(job, self._synthesize(job))
+    def run(self, job: SpeechJob, *, internal: bool = False) -> AudioStream:
+        """Start the job; a cached result is replayed without a slot, a lease or an engine.
+
+        `internal` jobs (warm-up) bypass the cache and are not counted in stats or metrics.
+        """
+        producer: Events
+        if internal:
+            producer = self._synthesize(job)
+        else:
+            key = self.cache_key(job)
+            cached = self.cache.get(key)
+            job.record = self.stats.open(RequestRecord(
+                id=job.id, model=job.model.id, voice=job.voice, chars=len(job.text),
+                segments=len(job.segments),
+            ))
+            if cached is not None:
+                job.stats.cache = job.record.cache = "hit"
+                producer = self._tracked(job, None, self._replay(job, cached))
+            else:
+                producer = self._tracked(job, key, self._synthesize(job))
+        stream = AudioStream(job, producer)
         self.active[job.id] = stream
         return stream
+
+    def cache_key(self, job: SpeechJob) -> str:
+        request = job.request("")
+        return cache_key(
+            model_id=job.model.id, voice=job.voice, speed=job.native_speed * job.stretch,
+            language=job.language, params=request.params, segments=job.segments,
+        )
+
+    def invalidate_model(self, model_id: str) -> int:
+        """Forget a model's cached audio; call when its voices or weights changed (rescan)."""
+        dropped = self.cache.clear_model(model_id)
+        if dropped:
+            log.info("cache: dropped %d entries of %s", dropped, model_id)
+        return dropped
+
+    def queue_position(self, record: RequestRecord) -> int | None:
+        return self.scheduler.position(record.model, record.ticket)
+
+    def _set_status(self, job: SpeechJob, status: RequestStatus) -> None:
+        if job.record is not None and not job.record.finished:
+            job.record.status = status
+
+    async def _replay(self, job: SpeechJob, entry: CachedAudio) -> Events:
+        try:
+            chunks = iter(entry.chunks)
+            for index, count in enumerate(entry.segment_chunks):
+                samples = 0
+                for _ in range(count):
+                    chunk = next(chunks)
+                    if job.stats.first_audio is None:
+                        job.stats.first_audio = time.perf_counter()
+                    job.stats.samples += len(chunk)
+                    samples += len(chunk)
+                    yield chunk
+                job.stats.segments_done += 1
+                text = job.segments[index] if index < len(job.segments) else ""
+                yield SegmentEnd(index, text, samples)
+        finally:
+            job.stats.finished = time.perf_counter()
+            self.active.pop(job.id, None)
+
+    async def _tracked(self, job: SpeechJob, key: str | None, producer: Events) -> Events:
+        """Passes events through while keeping the request's record, and caches a success."""
+        done: list[tuple[Audio, ...]] = []
+        current: list[Audio] = []
+        size = 0
+        keep = key is not None and self.cache.fits(0)
+        outcome: Outcome = "cancelled"  # also a consumer that stopped reading early
+        error: str | None = None
+        try:
+            async with aclosing(producer):  # its finally frees slot and lease, however we end
+                async for event in producer:
+                    if isinstance(event, SegmentEnd):
+                        job.stats.memory.update()
+                        if job.record is not None:
+                            job.record.segments_done = event.index + 1
+                        if keep:
+                            done.append(tuple(current))
+                            current = []
+                    else:
+                        self._set_status(job, "streaming")
+                        if keep:
+                            size += event.nbytes
+                            keep = self.cache.fits(size)
+                            current.append(event)
+                            if not keep:  # too big to cache: stop holding a second reference
+                                done, current = [], []
+                    yield event
+            outcome = "done"
+        except Overloaded as exc:
+            outcome, error = "rejected", f"{exc.code}: {exc.message}"
+            raise
+        except RequestTimeout as exc:
+            outcome, error = "timeout", exc.message
+            raise
+        except Cancelled:
+            raise
+        except VoxMuxError as exc:
+            outcome, error = "error", f"{exc.code}: {exc.message}"
+            raise
+        except Exception as exc:
+            outcome, error = "error", str(exc) or type(exc).__name__
+            raise
+        finally:
+            job.stats.memory.finish()
+            if outcome == "done" and keep and key is not None:
+                if current:
+                    done.append(tuple(current))
+                self.cache.put(key, CachedAudio.build(job.model.id, job.sample_rate, done))
+            self._close_record(job, outcome, error)
+
+    def _close_record(self, job: SpeechJob, outcome: Outcome, error: str | None) -> None:
+        if job.record is None:
+            return
+        envelope = job.stats.envelope(job.sample_rate, len(job.segments))
+        self.stats.close(job.record, outcome, envelope, error)
+        first = job.stats.first_audio
+        finished = job.stats.finished or time.perf_counter()
+        self.metrics.observe_request(
+            job.model.id, outcome,
+            total_s=finished - job.stats.started,
+            ttfb_s=first - job.stats.started if first is not None else None,
+            rtf=job.record.rtf,
+        )
+
+    def _observe_load(self, model_id: str, status: ModelStatus) -> None:
+        if status is ModelStatus.READY:
+            seconds = self.registry.status()[model_id].load_seconds
+            if seconds is not None:
+                self.metrics.load_seconds.labels(model_id).observe(seconds)
 
     def cancel(self, request_id: str) -> bool:
         stream = self.active.get(request_id)
@@ -213,16 +389,18 @@ class SpeechService:
         stream.cancel()
         return True
 
-    async def _synthesize(self, job: SpeechJob) -> AsyncIterator[Audio]:
+    async def _synthesize(self, job: SpeechJob) -> Events:
         deadline = time.monotonic() + self.settings.request_timeout
         pause = dsp.pause(job.sample_rate, self.settings.sentence_pause_ms)
+        ticket = job.record.ticket if job.record else job.id
         try:
             async with (
-                self.scheduler.slot(job.model.id),
-                self.registry.lease(job.model.id) as engine,
+                self.scheduler.slot(job.model.id, ticket, timeout=self.settings.request_timeout),
+                self._leased(job) as engine,
             ):
                 for index, text in enumerate(job.segments):
                     chunks = await self._segment(engine, job, text, deadline)
+                    samples = 0
                     for position, chunk in enumerate(chunks):
                         audio = self._finish_chunk(chunk, job)
                         if index and not position:
@@ -230,11 +408,21 @@ class SpeechService:
                         if job.stats.first_audio is None:
                             job.stats.first_audio = time.perf_counter()
                         job.stats.samples += len(audio)
+                        samples += len(audio)
                         yield audio
                     job.stats.segments_done += 1
+                    yield SegmentEnd(index, text, samples)
         finally:
             job.stats.finished = time.perf_counter()
             self.active.pop(job.id, None)
+
+    @asynccontextmanager
+    async def _leased(self, job: SpeechJob) -> AsyncIterator[Engine]:
+        ready = self.registry.status()[job.model.id].status is ModelStatus.READY
+        self._set_status(job, "running" if ready else "loading")
+        async with self.registry.lease(job.model.id) as engine:
+            self._set_status(job, "running")
+            yield engine
 
     async def _segment(
         self, engine: Engine, job: SpeechJob, text: str, deadline: float
@@ -265,7 +453,7 @@ class SpeechService:
     async def warm_up(self, model_id: str) -> None:
         """One short synthesis so the first real request pays no first-run cost."""
         job = self.plan(model=model_id, text="Ready.")
-        stream = self.run(job)
+        stream = self.run(job, internal=True)
         try:
             async for _ in stream:
                 pass

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,7 +24,11 @@ def _split_csv(value: Any) -> Any:
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="VOXMUX_", env_nested_delimiter="__", extra="ignore", validate_default=True
+        env_prefix="VOXMUX_",
+        env_nested_delimiter="__",
+        extra="ignore",
+        validate_default=True,
+        use_attribute_docstrings=True,
     )
 
     profile: str = "cpu"
@@ -35,6 +39,9 @@ class Settings(BaseSettings):
     """TCP port the server listens on."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log verbosity."""
+    log_dir: Path | None = None
+    """When set, `voxmux serve` also writes its log to `<log_dir>/voxmux.log` (rotated at 10 MiB,
+    five files kept); the docker images point it at the logs volume."""
 
     catalogue: Path = ROOT / "config" / "models.toml"
     """Model catalogue: models, aliases and OpenAI voice-name mappings."""
@@ -58,6 +65,9 @@ class Settings(BaseSettings):
     """onnxruntime execution providers in order of preference (comma list)."""
     intra_op_threads: int = 0
     """onnxruntime threads per inference; 0 lets onnxruntime choose."""
+    cuda_options: dict[str, str] = {}
+    """CUDAExecutionProvider options, e.g. `VOXMUX_CUDA_OPTIONS__DEVICE_ID=1`,
+    `VOXMUX_CUDA_OPTIONS__GPU_MEM_LIMIT=2147483648` (names as onnxruntime documents them)."""
 
     max_input_chars: int = Field(4096, gt=0)
     """Longest `input` accepted by the speech routes."""
@@ -71,8 +81,40 @@ class Settings(BaseSettings):
     """Requests allowed to wait per model; beyond it a 429 with Retry-After."""
     request_timeout: float = Field(120, gt=0)
     """Seconds a request may take in all before it is stopped (504)."""
+    default_model: str = "kokoro"
+    """Model (id or alias) for `POST /v1/synth` and `GET /api/tts` requests that name none."""
 
-    @field_validator("preload", "providers", mode="before")
+    cache_max_items: int = Field(512, ge=0)
+    """Most responses the audio cache keeps; 0 turns the cache off."""
+    cache_max_bytes: int = Field(256 * 1024 * 1024, ge=0)
+    """Byte budget of the audio cache (float32 samples); least recently used entries go first."""
+    cache_max_item_bytes: int = Field(16 * 1024 * 1024, ge=0)
+    """Responses larger than this (float32 bytes, ~170 s at 24 kHz for 16 MiB) are not cached."""
+
+    request_log_size: int = Field(100, ge=1, le=100)
+    """Recent requests kept for `GET /requests`."""
+    stats_window: int = Field(1000, ge=1)
+    """Finished requests the latency and RTF percentiles of `/stats` are computed over."""
+
+    api_keys: Annotated[list[SecretStr], NoDecode] = []
+    """API keys (comma list); empty leaves the server open; `auto` generates one on first start
+    and keeps it in `credentials_dir/api_key` (mode 0600)."""
+    auth_scope: Literal["admin", "all"] = "admin"
+    """What keys guard: `admin` = /stats, /requests and model load/unload/switch; `all` = every
+    route but /health and the session routes."""
+    session_ttl: float = Field(12 * 3600, gt=0)
+    """Seconds a browser session cookie from `POST /v1/auth/session` stays valid."""
+
+    ws_max_connections: int = Field(64, ge=1)
+    """Open WebSocket sessions at once (both `/ws/v1/tts` routes); one more is closed with 1013."""
+    ws_first_message_timeout: float = Field(15, gt=0)
+    """Seconds a WebSocket client has to send its first message before it is closed (1008)."""
+    ws_max_message_bytes: int = Field(65536, gt=0)
+    """Largest WebSocket message a client may send; a larger one closes the session (1009)."""
+    ws_keepalive: float = Field(2.0, gt=0)
+    """Seconds without audio after which a WebSocket session sends a `progress` frame."""
+
+    @field_validator("preload", "providers", "api_keys", mode="before")
     @classmethod
     def _csv(cls, value: Any) -> Any:
         return _split_csv(value)
@@ -92,5 +134,7 @@ def profile_path(name: str) -> Path:
 def load_settings(profile: str | None = None, **overrides: Any) -> Settings:
     """Settings from a profile env file, the environment (wins) and explicit overrides (win)."""
     env_file = profile_path(profile) if profile else None
+    if profile:  # the profile named here wins over a VOXMUX_PROFILE left in the environment
+        overrides.setdefault("profile", profile)
     return Settings(_env_file=env_file, **overrides)
 

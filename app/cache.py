@@ -1,0 +1,138 @@
+"""LRU cache of synthesized audio, bounded by an item count and a byte budget.
+
+An entry holds the float32 chunks a request produced (after trimming, stretching and pauses), not
+encoded bytes: one entry serves every response format and every route, and because encoders are
+deterministic a hit yields the same bytes a miss did. The key is a hash of the canonical request:
+model, resolved voice, speed, language, engine parameters and the whitespace-normalized text of
+each segment (segmentation is kept, since a paragraph break changes the pauses).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from cachetools import LRUCache
+
+from engines.base import Audio
+
+
+@dataclass(frozen=True)
+class CachedAudio:
+    model_id: str
+    sample_rate: int
+    chunks: tuple[Audio, ...]
+    segment_chunks: tuple[int, ...]
+    """How many of `chunks` each text segment produced, in order."""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(chunk.nbytes for chunk in self.chunks)
+
+    @property
+    def samples(self) -> int:
+        return sum(len(chunk) for chunk in self.chunks)
+
+    @classmethod
+    def build(cls, model_id: str, sample_rate: int, segments: Sequence[Sequence[Audio]]
+              ) -> CachedAudio:
+        chunks = []
+        for segment in segments:
+            for chunk in segment:
+                frozen = np.array(chunk, dtype=np.float32, copy=True)
+                frozen.flags.writeable = False
+                chunks.append(frozen)
+        return cls(model_id, sample_rate, tuple(chunks), tuple(len(s) for s in segments))
+
+
+def cache_key(*, model_id: str, voice: str, speed: float, language: str | None,
+              params: dict[str, Any], segments: Sequence[str]) -> str:
+    canonical = {
+        "model": model_id,
+        "voice": voice,
+        "speed": repr(float(speed)),
+        "language": language,
+        "params": params,
+        "segments": [" ".join(s.split()) for s in segments],
+    }
+    blob = json.dumps(canonical, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+                      default=str)
+    return f"{model_id}:{hashlib.sha256(blob.encode()).hexdigest()}"
+
+
+def _size(entry: CachedAudio) -> int:
+    return entry.nbytes
+
+
+class AudioCache:
+    """Not thread-safe: used from the event loop only."""
+
+    def __init__(self, max_items: int, max_bytes: int, max_item_bytes: int) -> None:
+        self.max_items = max_items
+        self.max_bytes = max_bytes
+        self.max_item_bytes = min(max_item_bytes, max_bytes)
+        self._lru: LRUCache[str, CachedAudio] = LRUCache(max(max_bytes, 1), getsizeof=_size)
+        self.hits = 0
+        self.misses = 0
+        self.skipped = 0
+        """Entries refused for being over `max_item_bytes`."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_items > 0 and self.max_bytes > 0
+
+    @property
+    def items(self) -> int:
+        return len(self._lru)
+
+    @property
+    def bytes(self) -> int:
+        return int(self._lru.currsize)
+
+    def get(self, key: str) -> CachedAudio | None:
+        if not self.enabled:
+            return None
+        entry = self._lru.get(key)
+        if entry is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return entry
+
+    def fits(self, nbytes: int) -> bool:
+        return self.enabled and nbytes <= self.max_item_bytes
+
+    def put(self, key: str, entry: CachedAudio) -> bool:
+        if not self.fits(entry.nbytes):
+            self.skipped += 1
+            return False
+        self._lru[key] = entry  # evicts least recently used entries to fit the byte budget
+        while len(self._lru) > self.max_items:
+            self._lru.popitem()
+        return True
+
+    def clear_model(self, model_id: str) -> int:
+        """Drop every entry of one model (its voices or weights changed); returns how many."""
+        # Keys start with the model id, so the recency of the other entries stays untouched.
+        stale = [key for key in list(self._lru) if key.rpartition(":")[0] == model_id]
+        for key in stale:
+            del self._lru[key]
+        return len(stale)
+
+    def clear(self) -> None:
+        self._lru.clear()
+
+    def snapshot(self) -> dict[str, int]:
+        return {
+            "items": self.items,
+            "bytes": self.bytes,
+            "hits": self.hits,
+            "misses": self.misses,
+            "skipped": self.skipped,
+            "max_items": self.max_items,
+            "max_bytes": self.max_bytes,
+        }

@@ -1,0 +1,159 @@
+"""Process memory: resident set size from `/proc`, GPU memory of this PID through NVML.
+
+NVML comes from the `nvidia-ml-py` package (module `pynvml`). Without an NVIDIA driver, or where
+NVML cannot tell this process's usage, VRAM figures are `None` and `vram_measured` is false.
+A request's peaks are the largest of the samples taken while it ran (start, after each segment,
+end), not the kernel's high-water mark, which belongs to the whole process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_STATUS = Path("/proc/self/status")
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        text = _STATUS.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def rss_bytes() -> int | None:
+    """Resident set size now (VmRSS), or None where /proc has no such field."""
+    return _status_kib("VmRSS")
+
+
+def rss_peak_bytes() -> int | None:
+    """The process's resident high-water mark since it started (VmHWM)."""
+    return _status_kib("VmHWM")
+
+
+class Nvml:
+    """Lazy NVML: initialised on first use, never retried after it failed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._module: Any = None
+        self._handles: list[Any] | None = None
+
+    def _init(self) -> list[Any]:
+        if self._handles is not None:
+            return self._handles
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            count = pynvml.nvmlDeviceGetCount()
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            self._module = pynvml
+        except Exception as exc:  # no driver, no library, no device: VRAM is simply unmeasured
+            log.debug("NVML unavailable: %s", exc)
+            self._handles = []
+        return self._handles
+
+    @property
+    def available(self) -> bool:
+        with self._lock:
+            return bool(self._init())
+
+    def used_by(self, pid: int) -> int | None:
+        """GPU memory held by `pid` over every device, or None where NVML cannot say."""
+        with self._lock:
+            handles = self._init()
+            if not handles:
+                return None
+            nvml = self._module
+            total = 0
+            try:
+                for handle in handles:
+                    seen: set[int] = set()
+                    for query in (nvml.nvmlDeviceGetComputeRunningProcesses,
+                                  nvml.nvmlDeviceGetGraphicsRunningProcesses):
+                        for proc in query(handle):
+                            if proc.pid != pid or proc.pid in seen:
+                                continue
+                            seen.add(proc.pid)
+                            if proc.usedGpuMemory is None:  # NVML_VALUE_NOT_AVAILABLE
+                                return None
+                            total += int(proc.usedGpuMemory)
+            except Exception as exc:
+                log.debug("NVML query failed: %s", exc)
+                return None
+            return total
+
+
+NVML = Nvml()
+"""One per process, like NVML's own initialisation."""
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    rss: int | None
+    vram: int | None
+
+
+def sample() -> MemorySample:
+    return MemorySample(rss=rss_bytes(), vram=NVML.used_by(os.getpid()))
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None else max(a, b)
+
+
+class MemoryTracker:
+    """Memory over one request: a sample at start, `update()` on the way, `finish()` at the end."""
+
+    def __init__(self) -> None:
+        self.start = sample()
+        self.end: MemorySample | None = None
+        self._rss_peak = self.start.rss
+        self._vram_peak = self.start.vram
+
+    def update(self) -> MemorySample:
+        now = sample()
+        self._rss_peak = _max(self._rss_peak, now.rss)
+        self._vram_peak = _max(self._vram_peak, now.vram)
+        return now
+
+    def finish(self) -> None:
+        if self.end is None:
+            self.end = self.update()
+
+    def envelope(self) -> dict[str, object]:
+        end = self.end or self.update()
+        measured = self.start.vram is not None and end.vram is not None
+        return {
+            "rss_start": self.start.rss,
+            "rss_end": end.rss,
+            "rss_peak": self._rss_peak,
+            "vram_start": self.start.vram if measured else None,
+            "vram_end": end.vram if measured else None,
+            "vram_peak": self._vram_peak if measured else None,
+            "vram_measured": measured,
+        }
+
+
+def process_memory() -> dict[str, object]:
+    """The whole process now, for `/stats`."""
+    vram = NVML.used_by(os.getpid())
+    return {
+        "rss": rss_bytes(),
+        "rss_peak": rss_peak_bytes(),
+        "vram": vram,
+        "vram_measured": vram is not None,
+    }

@@ -1,0 +1,469 @@
+"""WebSocket speech sessions: `/ws/v1/tts` (one request) and `/ws/v1/tts/text` (streamed text).
+
+A session reads the client in its own task, so a `cancel`, a disconnect or (text-in) new
+fragments are seen while audio is synthesized and sent; only the session's own task writes.
+Every session ends with one final frame (`done`, `error` or `cancelled`) and a close, unless the
+client is already gone. Close codes: 1000 after a final frame about the request itself (request
+errors included, like an HTTP 4xx answer), 1003 a message that is not a JSON object in a text
+frame, 1008 no first message in time, 1009 a message over the size limit, 1011 an unexpected
+server failure, 1013 too many sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+from collections.abc import Awaitable, Mapping
+from enum import IntEnum
+from typing import Any, TypeVar
+
+import numpy as np
+from fastapi import WebSocket, WebSocketDisconnect
+from pydantic import BaseModel, ValidationError
+
+from app import dsp
+from app.audio import StreamEncoder
+from app.errors import _describe, error_body
+from app.protocol import WsOptions, WsSpeechRequest, WsTextMessage
+from app.serving import AudioStream, SegmentEnd, SpeechJob, SpeechService
+from app.textsplit import IncrementalSplitter
+from engines.base import Audio, Cancelled, InvalidParameter, SynthesisFailed, VoxMuxError
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+_FRAME_BYTES = 32768
+"""Largest binary audio frame: far below the 1 MiB message limit most clients default to."""
+
+
+class CloseCode(IntEnum):
+    NORMAL = 1000
+    UNSUPPORTED_DATA = 1003
+    POLICY_VIOLATION = 1008
+    MESSAGE_TOO_BIG = 1009
+    INTERNAL_ERROR = 1011
+    TRY_AGAIN_LATER = 1013
+
+
+class SessionError(VoxMuxError):
+    """A breach of the WebSocket protocol: an error frame, then a close with `close_code`."""
+
+    status = 400
+    type = "invalid_request_error"
+    close_code = CloseCode.POLICY_VIOLATION
+    reason = "protocol violation"
+
+
+class NotJson(SessionError):
+    """A message that is not a JSON object in a text frame."""
+
+    code = "invalid_json"
+    close_code = CloseCode.UNSUPPORTED_DATA
+    reason = "expected a JSON object in a text frame"
+
+
+class MessageTooBig(SessionError):
+    """A message over `ws_max_message_bytes`."""
+
+    status = 413
+    code = "message_too_large"
+    close_code = CloseCode.MESSAGE_TOO_BIG
+    reason = "message too big"
+
+
+class NoRequest(SessionError):
+    """No first message within `ws_first_message_timeout`."""
+
+    status = 408
+    code = "timeout"
+    reason = "no request in time"
+
+
+class TooManySessions(SessionError):
+    """Every one of the `ws_max_connections` session places is taken."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "too_many_connections"
+    close_code = CloseCode.TRY_AGAIN_LATER
+    reason = "too many connections"
+
+
+class ClientCancel(Exception):
+    """The client sent `{"type": "cancel"}`."""
+
+
+class ConnectionGate:
+    """Counts open sessions against a limit shared by both WebSocket routes."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+
+    def enter(self) -> bool:
+        if self.open >= self.limit:
+            return False
+        self.open += 1
+        return True
+
+    def leave(self) -> None:
+        self.open -= 1
+
+
+def _invalid(exc: ValidationError) -> InvalidParameter:
+    first: dict[str, Any] = dict(exc.errors()[0]) if exc.errors() else {}
+    param, message = _describe(first)
+    return InvalidParameter(message, param=param, code=first.get("type"))
+
+
+def _speakable(text: str) -> bool:
+    return any(char.isalnum() for char in text)
+
+
+async def _next_event(stream: AudioStream) -> Audio | SegmentEnd | None:
+    try:
+        return await stream.next_event()
+    except StopAsyncIteration:
+        return None
+
+
+class _AudioOut:
+    """Sends audio as whole int16 samples: raw binary frames, or base64 in JSON `audio` frames."""
+
+    def __init__(self, ws: WebSocket, options: WsOptions, sample_rate: int) -> None:
+        self._ws = ws
+        self._binary = options.binary
+        self._encoder = StreamEncoder("wav" if options.format == "wav" else "pcm", sample_rate)
+
+    async def header(self) -> None:
+        """The WAV header (streaming sizes) for `format: wav`; nothing for raw PCM."""
+        if data := self._encoder.encode(np.zeros(0, dtype=np.float32)):
+            await self._send(data)
+
+    async def audio(self, samples: Audio) -> None:
+        data = self._encoder.encode(samples)
+        for start in range(0, len(data), _FRAME_BYTES):
+            await self._send(data[start : start + _FRAME_BYTES])
+
+    async def _send(self, data: bytes) -> None:
+        if self._binary:
+            await self._ws.send_bytes(data)
+        else:
+            await self._ws.send_json({"type": "audio", "audio": base64.b64encode(data).decode()})
+
+
+class _Session:
+    """What both routes share: limits, reading messages, the reader task, the final frame."""
+
+    def __init__(self, ws: WebSocket, service: SpeechService, request_id: str) -> None:
+        self.ws = ws
+        self.service = service
+        self.settings = service.settings
+        self.request_id = request_id
+        self.opened = time.perf_counter()
+        self.sample_rate = 0
+        self.samples_sent = 0
+        self.segments_sent = 0
+        self._reader: asyncio.Task[None] | None = None
+
+    async def session(self) -> dict[str, Any]:
+        """Serve the session; return the final frame."""
+        raise NotImplementedError
+
+    async def listen(self) -> None:
+        """Read the client after its first message; return when it cancels."""
+        raise NotImplementedError
+
+    async def run(self, gate: ConnectionGate) -> None:
+        await self.ws.accept()
+        if not gate.enter():
+            await self._fail(TooManySessions("Too many open WebSocket sessions; retry later"))
+            return
+        try:
+            await self._finish(await self.session(), CloseCode.NORMAL, "done")
+        except WebSocketDisconnect:
+            log.info("ws %s: the client went away", self.request_id)
+        except (ClientCancel, Cancelled):
+            await self._finish({"type": "cancelled"}, CloseCode.NORMAL, "cancelled")
+        except SessionError as exc:
+            await self._fail(exc)
+        except VoxMuxError as exc:
+            await self._finish(_error_frame(exc), CloseCode.NORMAL, "error")
+        except Exception as exc:
+            log.exception("ws %s failed", self.request_id)
+            failure = SynthesisFailed(f"The session failed: {exc}")
+            await self._finish(_error_frame(failure), CloseCode.INTERNAL_ERROR, "internal error")
+        finally:
+            await self._stop_reader()
+            gate.leave()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    async def first(self, model: type[M]) -> M:
+        limit = self.settings.ws_first_message_timeout
+        try:
+            async with asyncio.timeout(limit):
+                message = await self.ws.receive()
+        except TimeoutError:
+            raise NoRequest(f"No request arrived within {limit:g} s of connecting") from None
+        return _parse(model, self.payload(message))
+
+    async def receive(self) -> dict[str, Any]:
+        return self.payload(await self.ws.receive())
+
+    def payload(self, message: Mapping[str, Any]) -> dict[str, Any]:
+        if message["type"] == "websocket.disconnect":
+            raise WebSocketDisconnect(message.get("code", CloseCode.NORMAL))
+        text = message.get("text")
+        if text is None:
+            raise NotJson("Send JSON in text frames; binary frames are not accepted")
+        limit = self.settings.ws_max_message_bytes
+        if len(text) > limit or len(text.encode()) > limit:
+            raise MessageTooBig(f"A message may be at most {limit} bytes")
+        try:
+            payload = json.loads(text)
+        except ValueError as exc:
+            raise NotJson(f"The message is not valid JSON: {exc}") from None
+        if not isinstance(payload, dict):
+            raise NotJson("The message must be a JSON object")
+        return payload
+
+    def start_reader(self) -> None:
+        self._reader = asyncio.create_task(self.listen(), name=f"ws-read-{self.request_id}")
+
+    async def _stop_reader(self) -> None:
+        if self._reader is not None and not self._reader.done():
+            self._reader.cancel()
+        if self._reader is not None:
+            await asyncio.gather(self._reader, return_exceptions=True)
+
+    async def wait(self, awaitable: Awaitable[T]) -> T:
+        """Await while watching the reader; send `progress` whenever nothing came for a while.
+
+        Raises `ClientCancel` when the client cancelled, or whatever ended the reader (a
+        disconnect, a bad message).
+        """
+        task = asyncio.ensure_future(awaitable)
+        try:
+            while True:
+                watched: set[asyncio.Future[Any]] = {task}
+                if self._reader is not None:
+                    watched.add(self._reader)
+                await asyncio.wait(
+                    watched, timeout=self.settings.ws_keepalive, return_when=asyncio.FIRST_COMPLETED
+                )
+                if self._reader is not None and self._reader.done():
+                    self._reader.result()
+                    raise ClientCancel
+                if task.done():
+                    return task.result()
+                await self.ws.send_json(self._progress())
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def started(self, job: SpeechJob, options: WsOptions) -> dict[str, Any]:
+        self.sample_rate = job.sample_rate
+        return {
+            "type": "started",
+            "request_id": self.request_id,
+            "model": job.model.id,
+            "voice": job.voice,
+            "sample_rate": job.sample_rate,
+            "channels": 1,
+            "format": options.format,
+            "warnings": job.warnings,
+        }
+
+    async def segment(self, index: int, text: str, samples: int) -> None:
+        self.segments_sent += 1
+        frame = {"type": "segment", "index": index, "text": text, "samples": samples}
+        await self.ws.send_json(frame)
+
+    def _progress(self) -> dict[str, Any]:
+        return {
+            "type": "progress",
+            "elapsed_ms": round((time.perf_counter() - self.opened) * 1000, 1),
+            "segments_done": self.segments_sent,
+            "audio_ms": round(self.samples_sent / (self.sample_rate or 1) * 1000, 1),
+        }
+
+    async def _fail(self, exc: SessionError) -> None:
+        await self._finish(_error_frame(exc), exc.close_code, exc.reason)
+
+    async def _finish(self, frame: dict[str, Any], code: int, reason: str) -> None:
+        await self._stop_reader()
+        try:
+            await self.ws.send_json(frame)
+            await self.ws.close(code, reason)
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            log.info("ws %s: the client left before the %s frame", self.request_id, frame["type"])
+
+
+def _parse(model: type[M], payload: dict[str, Any]) -> M:
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        raise _invalid(exc) from None
+
+
+def _error_frame(exc: VoxMuxError) -> dict[str, Any]:
+    return {"type": "error", **error_body(exc)}
+
+
+class SpeechSession(_Session):
+    """`/ws/v1/tts`: one request in, its audio out segment by segment."""
+
+    async def session(self) -> dict[str, Any]:
+        request = await self.first(WsSpeechRequest)
+        job = self.service.plan(
+            model=request.model,
+            text=request.input,
+            voice=request.voice_id,
+            speed=request.speed,
+            language=request.language,
+            instructions=request.instructions,
+            request_id=self.request_id,
+        )
+        stream = self.service.run(job)
+        try:
+            await self.ws.send_json(self.started(job, request) | {"segments": len(job.segments)})
+            out = _AudioOut(self.ws, request, job.sample_rate)
+            await out.header()
+            self.start_reader()
+            while (event := await self.wait(_next_event(stream))) is not None:
+                if isinstance(event, SegmentEnd):
+                    await self.segment(event.index, event.text, event.samples)
+                else:
+                    self.samples_sent += len(event)
+                    await out.audio(event)
+        finally:
+            await stream.aclose()
+        stats = job.stats.envelope(job.sample_rate, len(job.segments))
+        return {"type": "done", "request_id": self.request_id, "stats": stats}
+
+    async def listen(self) -> None:
+        while True:  # anything but a cancel is ignored once the request is running
+            if (await self.receive()).get("type") == "cancel":
+                return
+
+
+class TextSession(_Session):
+    """`/ws/v1/tts/text`: options, then text fragments cut into sentences and spoken in order.
+
+    The reader feeds the splitter and queues finished sentences; the session's own task plans and
+    synthesizes them one by one through the speech service, so reading never waits for audio.
+    """
+
+    def __init__(self, ws: WebSocket, service: SpeechService, request_id: str) -> None:
+        super().__init__(ws, service, request_id)
+        self._sentences: asyncio.Queue[str | None] = asyncio.Queue()
+        self._splitter = IncrementalSplitter()
+        self._carry = ""
+        self._ended = False
+        self._first_text: float | None = None
+        self._first_audio: float | None = None
+
+    def _plan(self, options: WsOptions, text: str) -> SpeechJob:
+        return self.service.plan(
+            model=options.model,
+            text=text,
+            voice=options.voice_id,
+            speed=options.speed,
+            language=options.language,
+            instructions=options.instructions,
+            request_id=self.request_id,
+        )
+
+    async def session(self) -> dict[str, Any]:
+        options = await self.first(WsOptions)
+        probe = self._plan(options, "Hello.")  # checks model, voice and speed before `started`
+        limit = min(probe.engine.capabilities.max_segment_chars, self.settings.max_input_chars)
+        self._splitter = IncrementalSplitter(
+            max_chars=limit, first_max_chars=self.settings.first_segment_chars
+        )
+        await self.ws.send_json(self.started(probe, options))
+        out = _AudioOut(self.ws, options, probe.sample_rate)
+        await out.header()
+        self.start_reader()
+        pause = dsp.pause(probe.sample_rate, self.settings.sentence_pause_ms)
+        synthesis_s = 0.0
+        while (sentence := await self.wait(self._sentences.get())) is not None:
+            job = self._plan(options, sentence)
+            samples = await self._speak(job, out, pause if self.segments_sent else None)
+            synthesis_s += (job.stats.finished or time.perf_counter()) - job.stats.started
+            await self.segment(self.segments_sent, sentence, samples)
+        return {
+            "type": "done",
+            "request_id": self.request_id,
+            "sentences": self.segments_sent,
+            "stats": self._stats(synthesis_s),
+        }
+
+    async def _speak(self, job: SpeechJob, out: _AudioOut, pause: Audio | None) -> int:
+        stream = self.service.run(job)
+        samples = 0
+        try:
+            while (event := await self.wait(_next_event(stream))) is not None:
+                if isinstance(event, SegmentEnd):
+                    continue
+                if pause is not None and not samples:
+                    event = np.concatenate([pause, event])
+                if self._first_audio is None:
+                    self._first_audio = time.perf_counter()
+                samples += len(event)
+                self.samples_sent += len(event)
+                await out.audio(event)
+        finally:
+            await stream.aclose()
+        return samples
+
+    def _stats(self, synthesis_s: float) -> dict[str, Any]:
+        audio_s = self.samples_sent / self.sample_rate
+        ttfb = (
+            round((self._first_audio - self._first_text) * 1000, 1)
+            if self._first_audio is not None and self._first_text is not None
+            else None
+        )
+        return {
+            "t_total_ms": round((time.perf_counter() - self.opened) * 1000, 1),
+            "ttfb_ms": ttfb,
+            "audio_duration_ms": round(audio_s * 1000, 1),
+            "rtf": round(synthesis_s / audio_s, 4) if audio_s else None,
+            "segments": self.segments_sent,
+        }
+
+    async def listen(self) -> None:
+        while True:
+            message = _parse(WsTextMessage, await self.receive())
+            if message.type == "cancel":
+                return
+            if self._ended:
+                continue
+            if message.text and self._first_text is None:
+                self._first_text = time.perf_counter()
+            pieces = self._splitter.feed(message.text) if message.text else []
+            if message.type in ("flush", "end"):
+                pieces += self._splitter.flush()
+            for piece in pieces:
+                self._queue(piece)
+            if message.type == "end":
+                self._ended = True
+                self._sentences.put_nowait(None)
+
+    def _queue(self, piece: str) -> None:
+        """Queue a sentence; one with nothing to say waits to join the next (or is dropped)."""
+        text = f"{self._carry} {piece}" if self._carry else piece
+        if _speakable(text):
+            self._sentences.put_nowait(text)
+            self._carry = ""
+        else:
+            self._carry = text

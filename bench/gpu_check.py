@@ -1,0 +1,248 @@
+"""In-process GPU check: every engine on the profile's providers, with RTF and VRAM.
+
+    python bench/gpu_check.py [--profile gpu] [--providers LIST] [--models kokoro,piper,espeak]
+                              [--runs N] [--json] [--out DIR] [--allow-fallback]
+
+Per model: load seconds, the providers its sessions really run on, the first (cold) synthesis,
+the RTF of the best of a few warm ones, and VRAM through NVML (this process and the whole device,
+peak while it ran). Any fallback from CUDA to CPU is printed with its reason. Exit status: 0 all
+well, 1 an ONNX engine asked for CUDA but runs on CPU (0 with --allow-fallback), 2 a model failed.
+`bench/gpu_check.sh` wraps it with an install step and a time limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(ROOT))
+
+import soundfile  # noqa: E402
+
+from app.catalogue import Catalogue, ModelEntry  # noqa: E402
+from app.doctor import nvml_report  # noqa: E402
+from app.main import ENGINES, runtime_options  # noqa: E402
+from app.memory import NVML  # noqa: E402
+from app.settings import Settings, load_settings  # noqa: E402
+from engines.base import SynthesisRequest  # noqa: E402
+from engines.onnx import (  # noqa: E402
+    CUDA,
+    available_providers,
+    runtime_package,
+    runtime_version,
+)
+
+TEXTS = {
+    "kokoro": "今日はとても良い天気ですね。午後から公園へ散歩に行きましょう。",
+    "default": "The morning train left the station exactly on time. Passengers read their papers "
+               "in comfortable silence while the fields went by.",
+}
+WARM_RUNS = 3
+SAMPLE_EVERY = 0.02
+
+
+@dataclass
+class Result:
+    model: str
+    engine: str
+    providers: list[str] = field(default_factory=list)
+    """What the model's ONNX sessions run on; empty for an engine without ONNX (eSpeak NG)."""
+    fallbacks: list[str] = field(default_factory=list)
+    load_s: float | None = None
+    cold_s: float | None = None
+    warm_s: float | None = None
+    audio_s: float | None = None
+    rtf: float | None = None
+    vram_process_mib: float | None = None
+    """Peak VRAM of this PID; None or 0 where NVML cannot attribute it (a container's PIDs)."""
+    vram_device_delta_mib: float | None = None
+    """Peak growth of memory used on every GPU while the model loaded and ran."""
+    error: str | None = None
+
+    @property
+    def fell_back(self) -> bool:
+        return bool(self.providers) and CUDA not in self.providers and any(
+            CUDA in note for note in self.fallbacks)
+
+
+class VramSampler:
+    """Peak VRAM while a block runs: this process (NVML by PID) and every device's used memory."""
+
+    def __init__(self) -> None:
+        self._pid = os.getpid()
+        self._handles: list[Any] = []
+        self._nvml: Any = None
+        if NVML.available:
+            import pynvml
+
+            self._nvml = pynvml
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
+                             for i in range(pynvml.nvmlDeviceGetCount())]
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.base_device = self._device()
+        self.peak_device = self.base_device
+        self.peak_process: int | None = NVML.used_by(self._pid)
+
+    def _device(self) -> int | None:
+        if not self._handles:
+            return None
+        return sum(int(self._nvml.nvmlDeviceGetMemoryInfo(h).used) for h in self._handles)
+
+    def _sample(self) -> None:
+        device, process = self._device(), NVML.used_by(self._pid)
+        if device is not None and self.peak_device is not None:
+            self.peak_device = max(self.peak_device, device)
+        if process is not None:
+            self.peak_process = max(self.peak_process or 0, process)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(SAMPLE_EVERY):
+            self._sample()
+
+    def __enter__(self) -> VramSampler:
+        if self._handles:
+            self._thread = threading.Thread(target=self._loop, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+        if self._handles:
+            self._sample()
+
+
+def _mib(value: int | None) -> float | None:
+    return None if value is None else round(value / 2**20, 1)
+
+
+def check_model(entry: ModelEntry, settings: Settings, out: Path | None,
+                runs: int = WARM_RUNS) -> Result:
+    result = Result(model=entry.id, engine=entry.engine)
+    runtime = runtime_options(settings)
+    text = TEXTS.get(entry.engine, TEXTS["default"])
+    request = SynthesisRequest(text=text, voice=entry.default_voice)
+    try:
+        engine = ENGINES[entry.engine](settings, runtime)
+        with VramSampler() as vram:
+            start = time.perf_counter()
+            engine.load()
+            result.load_s = round(time.perf_counter() - start, 3)
+            engine.validate(request)
+            start = time.perf_counter()
+            audio = engine.synthesize(request)
+            result.cold_s = round(time.perf_counter() - start, 3)
+            warm = []
+            for _ in range(max(runs, 1)):
+                start = time.perf_counter()
+                audio = engine.synthesize(request)
+                warm.append(time.perf_counter() - start)
+        engine.unload()
+    except Exception as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+        result.fallbacks = list(runtime.fallbacks)
+        return result
+    result.providers = list(runtime.in_use)
+    result.fallbacks = list(runtime.fallbacks)
+    result.warm_s = round(min(warm), 3)
+    result.audio_s = round(len(audio) / engine.sample_rate, 3)
+    result.rtf = round(min(warm) / result.audio_s, 4) if result.audio_s else None
+    result.vram_process_mib = _mib(vram.peak_process)
+    if vram.base_device is not None and vram.peak_device is not None:
+        result.vram_device_delta_mib = _mib(vram.peak_device - vram.base_device)
+    if out is not None:
+        soundfile.write(out / f"gpu_check_{entry.id}.wav", audio, engine.sample_rate)
+    return result
+
+
+def environment(settings: Settings) -> dict[str, Any]:
+    return {"python": platform.python_version(), "onnxruntime": runtime_version(),
+            "package": runtime_package(), "available_providers": available_providers(),
+            "requested_providers": list(settings.providers), "profile": settings.profile,
+            "nvml": nvml_report()}
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def render(env: dict[str, Any], results: list[Result]) -> str:
+    nvml = env["nvml"]
+    gpus = ", ".join(f"{d['name']} ({d['memory_total_mib']} MiB)" for d in nvml["devices"])
+    lines = [
+        f"profile {env['profile']}, Python {env['python']}, {env['package']} "
+        f"{env['onnxruntime']}",
+        f"available providers: {', '.join(env['available_providers'])}",
+        f"requested providers: {', '.join(env['requested_providers'])}",
+        f"NVML: driver {nvml['driver']}, CUDA {nvml['cuda']}, {gpus}" if nvml["available"]
+        else f"NVML: not available ({nvml['detail']})",
+        "",
+        f"{'model':<8} {'providers in use':<45} {'load s':>7} {'cold s':>7} {'warm s':>7} "
+        f"{'audio s':>8} {'RTF':>7} {'VRAM pid MiB':>13} {'VRAM dev MiB':>13}",
+    ]
+    for r in results:
+        providers = ", ".join(r.providers) or ("(error)" if r.error else "n/a (no ONNX)")
+        lines.append(
+            f"{r.model:<8} {providers:<45} {_cell(r.load_s):>7} {_cell(r.cold_s):>7} "
+            f"{_cell(r.warm_s):>7} {_cell(r.audio_s):>8} {_cell(r.rtf):>7} "
+            f"{_cell(r.vram_process_mib):>13} {_cell(r.vram_device_delta_mib):>13}")
+    for r in results:
+        lines += [f"FALLBACK {r.model}: {note}" for note in r.fallbacks]
+        if r.error:
+            lines.append(f"ERROR {r.model}: {r.error}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", default=os.environ.get("VOXMUX_PROFILE") or "gpu")
+    parser.add_argument("--providers", help="comma list overriding the profile's providers")
+    parser.add_argument("--models", help="comma list of catalogue models (default: all)")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--out", type=Path, help="dir for the JSON results and one WAV per model")
+    parser.add_argument("--runs", type=int, default=WARM_RUNS, help="warm syntheses per model")
+    parser.add_argument("--allow-fallback", action="store_true",
+                        help="exit 0 even when CUDA was requested but a model runs on CPU")
+    args = parser.parse_args(argv)
+
+    overrides: dict[str, Any] = {"preload": []}
+    if args.providers:
+        overrides["providers"] = args.providers
+    settings = load_settings(args.profile, **overrides)
+    catalogue = Catalogue.load(settings.catalogue)
+    wanted = args.models.split(",") if args.models else list(catalogue.models)
+    unknown = [m for m in wanted if m not in catalogue.models]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(catalogue.models)}")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+
+    env = environment(settings)
+    logging.getLogger("engines").setLevel(logging.ERROR)  # fallbacks are printed below
+    results = [check_model(catalogue.models[m], settings, args.out, args.runs) for m in wanted]
+    payload = {"environment": env, "results": [asdict(r) for r in results]}
+    print(json.dumps(payload, indent=2) if args.json else render(env, results))
+    if args.out:
+        (args.out / "gpu_check.json").write_text(json.dumps(payload, indent=2) + "\n")
+    if any(r.error for r in results):
+        return 2
+    if any(r.fell_back for r in results) and not args.allow_fallback:
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

