@@ -35,10 +35,10 @@ def _plain(status: int, message: str, *, param: str | None = None, code: str | N
     return JSONResponse(ErrorResponse(error=info).model_dump(), status_code=status, headers=headers)
 
 
-def _describe(error: dict[str, Any]) -> tuple[str | None, str]:
-    loc = [str(p) for p in error.get("loc", ()) if p != "body"]
-    # Union members add their type name to the path (voice.str, voice.VoiceRef); drop them.
-    loc = [p for p in loc if p not in {"str", "VoiceRef", "float", "int"}]
+def describe_validation_error(error: dict[str, Any]) -> tuple[str | None, str]:
+    # The request part (body, query) and union member names (voice.str) are not the parameter.
+    noise = {"body", "query", "path", "str", "VoiceRef", "float", "int"}
+    loc = [str(p) for p in error.get("loc", ()) if str(p) not in noise]
     param = ".".join(loc) or None
     kind = error.get("type", "")
     if kind == "json_invalid":
@@ -52,7 +52,7 @@ def _describe(error: dict[str, Any]) -> tuple[str | None, str]:
 
 async def _on_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
     first = exc.errors()[0] if exc.errors() else {}
-    param, message = _describe(first)
+    param, message = describe_validation_error(first)
     return _plain(400, message, param=param, code=first.get("type"))
 
 

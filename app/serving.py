@@ -402,9 +402,7 @@ class SpeechService:
                     chunks = await self._segment(engine, job, text, deadline)
                     samples = 0
                     for position, chunk in enumerate(chunks):
-                        audio = self._finish_chunk(chunk, job)
-                        if index and not position:
-                            audio = np.concatenate([pause, audio])
+                        audio = np.concatenate([pause, chunk]) if index and not position else chunk
                         if job.stats.first_audio is None:
                             job.stats.first_audio = time.perf_counter()
                         job.stats.samples += len(audio)
@@ -432,7 +430,7 @@ class SpeechService:
             raise RequestTimeout(f"The request ran past {self.settings.request_timeout:g} s")
         try:
             return await asyncio.wait_for(
-                asyncio.to_thread(_collect, engine, job.request(text)), timeout=remaining
+                asyncio.to_thread(self._render, engine, job, text), timeout=remaining
             )
         except TimeoutError as exc:
             raise RequestTimeout(
@@ -443,6 +441,10 @@ class SpeechService:
         except Exception as exc:
             log.exception("engine %s failed on a segment", job.model.id)
             raise SynthesisFailed(f"The {job.model.id} engine failed: {exc}") from exc
+
+    def _render(self, engine: Engine, job: SpeechJob, text: str) -> list[Audio]:
+        """Synthesize and finish one segment; runs in a worker thread, off the event loop."""
+        return [self._finish_chunk(chunk, job) for chunk in _collect(engine, job.request(text))]
 
     def _finish_chunk(self, chunk: Audio, job: SpeechJob) -> Audio:
         audio = dsp.trim_silence(chunk, job.sample_rate)

@@ -6,7 +6,8 @@ Every session ends with one final frame (`done`, `error` or `cancelled`) and a c
 client is already gone. Close codes: 1000 after a final frame about the request itself (request
 errors included, like an HTTP 4xx answer), 1003 a message that is not a JSON object in a text
 frame, 1008 no first message in time, 1009 a message over the size limit, 1011 an unexpected
-server failure, 1013 too many sessions.
+server failure, 1013 too many sessions. LunaVox's routes (app.lunavox_ws) reuse these sessions
+with LunaVox's own frames and codes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import base64
 import json
 import logging
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from enum import IntEnum
 from typing import Any, TypeVar
 
@@ -26,8 +27,9 @@ from pydantic import BaseModel, ValidationError
 
 from app import dsp
 from app.audio import StreamEncoder
-from app.errors import _describe, error_body
-from app.protocol import WsOptions, WsSpeechRequest, WsTextMessage
+from app.errors import describe_validation_error, error_body
+from app.memory import MemoryTracker
+from app.protocol import WsAudioFormat, WsOptions, WsSpeechRequest, WsTextMessage
 from app.serving import AudioStream, SegmentEnd, SpeechJob, SpeechService
 from app.textsplit import IncrementalSplitter
 from engines.base import Audio, Cancelled, InvalidParameter, SynthesisFailed, VoxMuxError
@@ -117,7 +119,7 @@ class ConnectionGate:
 
 def _invalid(exc: ValidationError) -> InvalidParameter:
     first: dict[str, Any] = dict(exc.errors()[0]) if exc.errors() else {}
-    param, message = _describe(first)
+    param, message = describe_validation_error(first)
     return InvalidParameter(message, param=param, code=first.get("type"))
 
 
@@ -132,13 +134,14 @@ async def _next_event(stream: AudioStream) -> Audio | SegmentEnd | None:
         return None
 
 
-class _AudioOut:
+class AudioOut:
     """Sends audio as whole int16 samples: raw binary frames, or base64 in JSON `audio` frames."""
 
-    def __init__(self, ws: WebSocket, options: WsOptions, sample_rate: int) -> None:
+    def __init__(self, ws: WebSocket, sample_rate: int, fmt: WsAudioFormat = "pcm_s16le",
+                 binary: bool = True) -> None:
         self._ws = ws
-        self._binary = options.binary
-        self._encoder = StreamEncoder("wav" if options.format == "wav" else "pcm", sample_rate)
+        self._binary = binary
+        self._encoder = StreamEncoder("wav" if fmt == "wav" else "pcm", sample_rate)
 
     async def header(self) -> None:
         """The WAV header (streaming sizes) for `format: wav`; nothing for raw PCM."""
@@ -157,8 +160,10 @@ class _AudioOut:
             await self._ws.send_json({"type": "audio", "audio": base64.b64encode(data).decode()})
 
 
-class _Session:
-    """What both routes share: limits, reading messages, the reader task, the final frame."""
+class Session:
+    """What every WebSocket route shares: limits, reading messages, the reader task, sending a
+    job's audio, the final frame. The frames around the audio are VoxMux's; a subclass speaking
+    another protocol overrides `keepalive` and `fail`."""
 
     def __init__(self, ws: WebSocket, service: SpeechService, request_id: str) -> None:
         self.ws = ws
@@ -169,6 +174,7 @@ class _Session:
         self.sample_rate = 0
         self.samples_sent = 0
         self.segments_sent = 0
+        self.first_audio: float | None = None
         self._reader: asyncio.Task[None] | None = None
 
     async def session(self) -> dict[str, Any]:
@@ -182,25 +188,31 @@ class _Session:
     async def run(self, gate: ConnectionGate) -> None:
         await self.ws.accept()
         if not gate.enter():
-            await self._fail(TooManySessions("Too many open WebSocket sessions; retry later"))
+            await self.fail(TooManySessions("Too many open WebSocket sessions; retry later"))
             return
         try:
             await self._finish(await self.session(), CloseCode.NORMAL, "done")
         except WebSocketDisconnect:
             log.info("ws %s: the client went away", self.request_id)
-        except (ClientCancel, Cancelled):
-            await self._finish({"type": "cancelled"}, CloseCode.NORMAL, "cancelled")
-        except SessionError as exc:
-            await self._fail(exc)
-        except VoxMuxError as exc:
-            await self._finish(_error_frame(exc), CloseCode.NORMAL, "error")
         except Exception as exc:
-            log.exception("ws %s failed", self.request_id)
-            failure = SynthesisFailed(f"The session failed: {exc}")
-            await self._finish(_error_frame(failure), CloseCode.INTERNAL_ERROR, "internal error")
+            if not isinstance(exc, VoxMuxError | ClientCancel):
+                log.exception("ws %s failed", self.request_id)
+            await self.fail(exc)
         finally:
             await self._stop_reader()
             gate.leave()
+
+    async def fail(self, exc: Exception) -> None:
+        """End the session after `exc`: a final frame about it, then the close."""
+        if isinstance(exc, ClientCancel | Cancelled):
+            await self._finish({"type": "cancelled"}, CloseCode.NORMAL, "cancelled")
+        elif isinstance(exc, SessionError):
+            await self._finish(_error_frame(exc), exc.close_code, exc.reason)
+        elif isinstance(exc, VoxMuxError):
+            await self._finish(_error_frame(exc), CloseCode.NORMAL, "error")
+        else:
+            failure = SynthesisFailed(f"The session failed: {exc}")
+            await self._finish(_error_frame(failure), CloseCode.INTERNAL_ERROR, "internal error")
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -211,7 +223,7 @@ class _Session:
                 message = await self.ws.receive()
         except TimeoutError:
             raise NoRequest(f"No request arrived within {limit:g} s of connecting") from None
-        return _parse(model, self.payload(message))
+        return parse(model, self.payload(message))
 
     async def receive(self) -> dict[str, Any]:
         return self.payload(await self.ws.receive())
@@ -243,7 +255,7 @@ class _Session:
             await asyncio.gather(self._reader, return_exceptions=True)
 
     async def wait(self, awaitable: Awaitable[T]) -> T:
-        """Await while watching the reader; send `progress` whenever nothing came for a while.
+        """Await while watching the reader; send `keepalive()` whenever nothing came for a while.
 
         Raises `ClientCancel` when the client cancelled, or whatever ended the reader (a
         disconnect, a bad message).
@@ -262,7 +274,8 @@ class _Session:
                     raise ClientCancel
                 if task.done():
                     return task.result()
-                await self.ws.send_json(self._progress())
+                if (frame := self.keepalive()) is not None:
+                    await self.ws.send_json(frame)
         finally:
             if not task.done():
                 task.cancel()
@@ -288,7 +301,33 @@ class _Session:
         frame = {"type": "segment", "index": index, "text": text, "samples": samples}
         await self.ws.send_json(frame)
 
-    def _progress(self) -> dict[str, Any]:
+    async def play(self, stream: AudioStream, out: AudioOut, lead: Audio | None = None) -> int:
+        """Send a running job's audio as it comes, `lead` (a pause) first; return its samples.
+
+        Each segment end goes to `segment_end`; the stream is closed however this ends.
+        """
+        samples = 0
+        try:
+            while (event := await self.wait(_next_event(stream))) is not None:
+                if isinstance(event, SegmentEnd):
+                    await self.segment_end(event)
+                    continue
+                if lead is not None and not samples:
+                    event = np.concatenate([lead, event])
+                if self.first_audio is None:
+                    self.first_audio = time.perf_counter()
+                samples += len(event)
+                self.samples_sent += len(event)
+                await out.audio(event)
+        finally:
+            await stream.aclose()
+        return samples
+
+    async def segment_end(self, event: SegmentEnd) -> None:
+        """Called by `play` after each segment of a job; nothing to send by default."""
+
+    def keepalive(self) -> dict[str, Any] | None:
+        """The frame sent when no audio came for `ws_keepalive` seconds; None sends nothing."""
         return {
             "type": "progress",
             "elapsed_ms": round((time.perf_counter() - self.opened) * 1000, 1),
@@ -296,19 +335,24 @@ class _Session:
             "audio_ms": round(self.samples_sent / (self.sample_rate or 1) * 1000, 1),
         }
 
-    async def _fail(self, exc: SessionError) -> None:
-        await self._finish(_error_frame(exc), exc.close_code, exc.reason)
-
-    async def _finish(self, frame: dict[str, Any], code: int, reason: str) -> None:
+    async def _finish(self, frame: dict[str, Any] | None, code: int, reason: str) -> None:
+        """Send `frame` (None: no frame), then close with `code` and `reason`."""
         await self._stop_reader()
         try:
-            await self.ws.send_json(frame)
-            await self.ws.close(code, reason)
+            if frame is not None:
+                await self.ws.send_json(frame)
+            await self.ws.close(code, _close_reason(reason))
         except (WebSocketDisconnect, RuntimeError, OSError):
-            log.info("ws %s: the client left before the %s frame", self.request_id, frame["type"])
+            log.info("ws %s: the client left before the close (%d)", self.request_id, code)
 
 
-def _parse(model: type[M], payload: dict[str, Any]) -> M:
+def _close_reason(text: str) -> str:
+    """`text` cut to the 123 bytes a close frame can carry, on a character boundary."""
+    data = text.encode()
+    return text if len(data) <= 123 else data[:120].decode(errors="ignore") + "..."
+
+
+def parse(model: type[M], payload: dict[str, Any]) -> M:
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
@@ -319,7 +363,7 @@ def _error_frame(exc: VoxMuxError) -> dict[str, Any]:
     return {"type": "error", **error_body(exc)}
 
 
-class SpeechSession(_Session):
+class SpeechSession(Session):
     """`/ws/v1/tts`: one request in, its audio out segment by segment."""
 
     async def session(self) -> dict[str, Any]:
@@ -336,19 +380,17 @@ class SpeechSession(_Session):
         stream = self.service.run(job)
         try:
             await self.ws.send_json(self.started(job, request) | {"segments": len(job.segments)})
-            out = _AudioOut(self.ws, request, job.sample_rate)
+            out = AudioOut(self.ws, job.sample_rate, request.format, request.binary)
             await out.header()
             self.start_reader()
-            while (event := await self.wait(_next_event(stream))) is not None:
-                if isinstance(event, SegmentEnd):
-                    await self.segment(event.index, event.text, event.samples)
-                else:
-                    self.samples_sent += len(event)
-                    await out.audio(event)
+            await self.play(stream, out)
         finally:
             await stream.aclose()
         stats = job.stats.envelope(job.sample_rate, len(job.segments))
         return {"type": "done", "request_id": self.request_id, "stats": stats}
+
+    async def segment_end(self, event: SegmentEnd) -> None:
+        await self.segment(event.index, event.text, event.samples)
 
     async def listen(self) -> None:
         while True:  # anything but a cancel is ignored once the request is running
@@ -356,106 +398,117 @@ class SpeechSession(_Session):
                 return
 
 
-class TextSession(_Session):
+Planner = Callable[[str], SpeechJob]
+"""Plans the job of one sentence with the session's options."""
+
+
+class TextSession(Session):
     """`/ws/v1/tts/text`: options, then text fragments cut into sentences and spoken in order.
 
     The reader feeds the splitter and queues finished sentences; the session's own task plans and
     synthesizes them one by one through the speech service, so reading never waits for audio.
+    Another protocol over the same loop overrides `open`, `command`, `sentence_done` and `final`.
     """
 
     def __init__(self, ws: WebSocket, service: SpeechService, request_id: str) -> None:
         super().__init__(ws, service, request_id)
+        self.sentences = 0
         self._sentences: asyncio.Queue[str | None] = asyncio.Queue()
         self._splitter = IncrementalSplitter()
         self._carry = ""
         self._ended = False
         self._first_text: float | None = None
-        self._first_audio: float | None = None
+        self._memory = MemoryTracker()
 
-    def _plan(self, options: WsOptions, text: str) -> SpeechJob:
-        return self.service.plan(
-            model=options.model,
-            text=text,
-            voice=options.voice_id,
-            speed=options.speed,
-            language=options.language,
-            instructions=options.instructions,
-            request_id=self.request_id,
-        )
+    async def open(self) -> tuple[Planner, SpeechJob, AudioOut]:
+        """Read the options and check them on a probe sentence before anything is sent; return
+        the sentence planner, the probe and the audio output."""
+        options = await self.first(WsOptions)
+
+        def plan(text: str) -> SpeechJob:
+            return self.service.plan(
+                model=options.model,
+                text=text,
+                voice=options.voice_id,
+                speed=options.speed,
+                language=options.language,
+                instructions=options.instructions,
+                request_id=self.request_id,
+            )
+
+        probe = plan("Hello.")
+        await self.ws.send_json(self.started(probe, options))
+        out = AudioOut(self.ws, probe.sample_rate, options.format, options.binary)
+        await out.header()
+        return plan, probe, out
+
+    def command(self, payload: dict[str, Any]) -> tuple[str, str]:
+        """A fragment frame as (text, command); command is text, flush, end or cancel."""
+        message = parse(WsTextMessage, payload)
+        return message.text, message.type
+
+    async def sentence_done(self, index: int, text: str, samples: int) -> None:
+        await self.segment(index, text, samples)
+
+    def final(self, stats: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "type": "done",
+            "request_id": self.request_id,
+            "sentences": self.sentences,
+            "stats": stats,
+        }
 
     async def session(self) -> dict[str, Any]:
-        options = await self.first(WsOptions)
-        probe = self._plan(options, "Hello.")  # checks model, voice and speed before `started`
+        plan, probe, out = await self.open()
         limit = min(probe.engine.capabilities.max_segment_chars, self.settings.max_input_chars)
         self._splitter = IncrementalSplitter(
             max_chars=limit, first_max_chars=self.settings.first_segment_chars
         )
-        await self.ws.send_json(self.started(probe, options))
-        out = _AudioOut(self.ws, options, probe.sample_rate)
-        await out.header()
+        self.sample_rate = probe.sample_rate
         self.start_reader()
         pause = dsp.pause(probe.sample_rate, self.settings.sentence_pause_ms)
         synthesis_s = 0.0
         while (sentence := await self.wait(self._sentences.get())) is not None:
-            job = self._plan(options, sentence)
-            samples = await self._speak(job, out, pause if self.segments_sent else None)
+            job = plan(sentence)
+            samples = await self.play(self.service.run(job), out, pause if self.sentences else None)
             synthesis_s += (job.stats.finished or time.perf_counter()) - job.stats.started
-            await self.segment(self.segments_sent, sentence, samples)
-        return {
-            "type": "done",
-            "request_id": self.request_id,
-            "sentences": self.segments_sent,
-            "stats": self._stats(synthesis_s),
-        }
-
-    async def _speak(self, job: SpeechJob, out: _AudioOut, pause: Audio | None) -> int:
-        stream = self.service.run(job)
-        samples = 0
-        try:
-            while (event := await self.wait(_next_event(stream))) is not None:
-                if isinstance(event, SegmentEnd):
-                    continue
-                if pause is not None and not samples:
-                    event = np.concatenate([pause, event])
-                if self._first_audio is None:
-                    self._first_audio = time.perf_counter()
-                samples += len(event)
-                self.samples_sent += len(event)
-                await out.audio(event)
-        finally:
-            await stream.aclose()
-        return samples
+            self._memory.update()
+            self.sentences += 1
+            await self.sentence_done(self.sentences - 1, sentence, samples)
+        return self.final(self._stats(synthesis_s))
 
     def _stats(self, synthesis_s: float) -> dict[str, Any]:
         audio_s = self.samples_sent / self.sample_rate
         ttfb = (
-            round((self._first_audio - self._first_text) * 1000, 1)
-            if self._first_audio is not None and self._first_text is not None
+            round((self.first_audio - self._first_text) * 1000, 1)
+            if self.first_audio is not None and self._first_text is not None
             else None
         )
+        self._memory.finish()
         return {
             "t_total_ms": round((time.perf_counter() - self.opened) * 1000, 1),
             "ttfb_ms": ttfb,
             "audio_duration_ms": round(audio_s * 1000, 1),
             "rtf": round(synthesis_s / audio_s, 4) if audio_s else None,
-            "segments": self.segments_sent,
+            "segments": self.sentences,
+            "mem": self._memory.envelope(),
         }
 
     async def listen(self) -> None:
         while True:
-            message = _parse(WsTextMessage, await self.receive())
-            if message.type == "cancel":
+            text, command = self.command(await self.receive())
+            if command == "cancel":
                 return
             if self._ended:
                 continue
-            if message.text and self._first_text is None:
+            if text and self._first_text is None:
                 self._first_text = time.perf_counter()
-            pieces = self._splitter.feed(message.text) if message.text else []
-            if message.type in ("flush", "end"):
+            pieces = self._splitter.feed(text) if text else []
+            if command in ("flush", "end"):
                 pieces += self._splitter.flush()
             for piece in pieces:
                 self._queue(piece)
-            if message.type == "end":
+            if command == "end":
                 self._ended = True
                 self._sentences.put_nowait(None)
 

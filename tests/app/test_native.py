@@ -97,8 +97,8 @@ def test_legacy_route_formats_voice_and_speed(server: LiveServer, fmt: str) -> N
 
 @pytest.mark.parametrize(("params", "param"), [
     ({"text": "Hi.", "format": "ogg"}, "format"),
-    ({"text": "Hi.", "speed": "fast"}, "query.speed"),
-    ({"model": "tts-1"}, "query.text"),
+    ({"text": "Hi.", "speed": "fast"}, "speed"),
+    ({"model": "tts-1"}, "text"),
 ])
 def test_legacy_route_rejects_bad_queries(server: LiveServer, params: dict[str, str],
                                           param: str) -> None:

@@ -30,6 +30,8 @@ ARGS = [
     "--autoplay-policy=no-user-gesture-required",
 ]
 TIMEOUT_MS = 30_000
+# Assertions wait as long as actions: CI machines are shared and a poll can take seconds.
+expect.set_options(timeout=TIMEOUT_MS)
 KEY = "studio-browser-key"
 
 # Counts the samples the page hands to Web Audio, so a test can tell audio was really scheduled.
