@@ -94,6 +94,12 @@ def resolve_keys(configured: list[str], credentials_dir: Path) -> tuple[str, ...
     return tuple(configured)
 
 
+def _raw(text: str) -> bytes:
+    """Bytes of client-sent text for `compare_digest`, which refuses non-ASCII `str`; lone
+    surrogates pass through rather than fail."""
+    return text.encode("utf-8", "surrogatepass")
+
+
 def _sign(key: str, payload: str) -> str:
     return hmac.new(key.encode(), _SIGNING_CONTEXT + payload.encode(), hashlib.sha256).hexdigest()
 
@@ -115,7 +121,7 @@ class Authenticator:
             return None
         found = None
         for key in self._keys:
-            if hmac.compare_digest(candidate.encode(), key.encode()):
+            if hmac.compare_digest(_raw(candidate), key.encode()):
                 found = key
         return found
 
@@ -129,12 +135,13 @@ class Authenticator:
         if not cookie or cookie.count(".") != 2:
             return False
         nonce, expires, signature = cookie.split(".")
-        if not expires.isdigit() or int(expires) < time.time() or nonce in self._revoked:
+        fresh = expires.isascii() and expires.isdigit() and int(expires) >= time.time()
+        if not fresh or nonce in self._revoked:
             return False
         payload = f"{nonce}.{expires}"
         valid = False
         for key in self._keys:
-            if hmac.compare_digest(signature, _sign(key, payload)):
+            if hmac.compare_digest(_raw(signature), _sign(key, payload).encode()):
                 valid = True
         return valid
 

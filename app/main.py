@@ -12,6 +12,7 @@ from fastapi import Depends, FastAPI
 from app import errors
 from app.auth import Authenticator, install_log_redaction, require_synthesis, resolve_keys
 from app.catalogue import Catalogue, ModelEntry
+from app.limits import BodyLimitMiddleware, WebSocketSendTimeout
 from app.requestid import RequestIdMiddleware
 from app.routes import cancel, health, models, monitoring, native, session, speech, studio, ws
 from app.scheduler import Scheduler
@@ -50,6 +51,7 @@ def runtime_options(settings: Settings) -> RuntimeOptions:
     return RuntimeOptions(
         providers=tuple(settings.providers),
         intra_op_threads=settings.intra_op_threads,
+        spinning=settings.intra_op_spinning,
         provider_options={CUDA: dict(settings.cuda_options)} if settings.cuda_options else {},
     )
 
@@ -112,7 +114,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     install_log_redaction()
     errors.install(app)
-    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    app.add_middleware(WebSocketSendTimeout, seconds=settings.ws_send_timeout)
+    app.add_middleware(RequestIdMiddleware)  # outermost: the 413 above carries the id too
     guarded = [Depends(require_synthesis)]  # WebSocket routes call authorize_websocket instead
     for module in (speech, models, cancel, native):
         app.include_router(module.router, dependencies=guarded)

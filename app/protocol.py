@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from engines.registry import ModelStatus
 
@@ -13,6 +13,18 @@ ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @field_validator("*")
+    @classmethod
+    def _encodable(cls, value: Any) -> Any:
+        # A JSON escape like "\ud800" smuggles in a lone surrogate that no encoder downstream
+        # (cache key, engine, error body) accepts: refuse it here, as a 400.
+        if isinstance(value, str):
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                raise ValueError("text must be valid Unicode, not a lone surrogate") from None
+        return value
 
 
 class VoiceRef(Strict):
@@ -36,20 +48,49 @@ class SpeechRequest(Strict):
         return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
 
 
-class SynthRequest(Strict):
-    """`POST /v1/synth`: the speech fields, one WAV file back; `model` defaults per settings."""
+class SynthOptions(Strict):
+    """LunaVox's request fields without the text: `POST /v1/synth`, `WS /v1/stream`, and the
+    init frame of `WS /v1/stream/text`. `voice` is a LunaVox mode word or a voice id (app.lunavox);
+    the sampling fields are accepted and reported as ignored."""
 
-    model: str | None = Field(None, min_length=1)
-    input: str = Field(validation_alias=AliasChoices("input", "text"))
-    voice: str | VoiceRef | None = None
+    model: str | None = Field(None, min_length=1, description="Model id or alias (VoxMux's)")
+    voice: str | VoiceRef | None = Field(
+        None, description="base, custom (with speaker), clone, design, or a voice id"
+    )
+    speaker: str | None = Field(None, description="Voice id for voice=custom")
     instructions: str | None = None
-    response_format: Literal["wav"] = "wav"
     speed: float = Field(1.0, ge=0.25, le=4.0)
     language: str | None = Field(None, description="Override the detected language (e.g. ja)")
+    instruct: str | None = None
+    reference: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
 
     @property
     def voice_id(self) -> str | None:
         return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
+
+
+class StreamRequest(SynthOptions):
+    """The one request frame of `WS /v1/stream`: the options and the text."""
+
+    input: str = Field(validation_alias=AliasChoices("input", "text"))
+
+
+class SynthRequest(StreamRequest):
+    """`POST /v1/synth`: the speech fields, one WAV file back; `model` defaults per settings."""
+
+    response_format: Literal["wav"] = "wav"
+
+
+class StreamFragment(Strict):
+    """A frame after the init frame on `WS /v1/stream/text`: text to append, or the end."""
+
+    text: str = ""
+    end: bool = False
 
 
 class SessionRequest(Strict):

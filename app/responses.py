@@ -1,18 +1,22 @@
 """Turn a running `AudioStream` into an HTTP response: chunked audio or OpenAI-style SSE.
 
 The first chunk is awaited before the response starts, so a load or synthesis failure on it is
-still a proper error status; later failures end an audio stream early (logged) or become an SSE
-`error` event.
+still a proper error status; later failures abort a raw audio transfer (logged; the body is left
+unterminated, so no client takes the truncated audio for a whole file) or become an SSE `error`
+event.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
 from collections.abc import AsyncIterator
 
+from fastapi import Request
 from fastapi.responses import StreamingResponse
+from starlette.types import Send
 
 from app.audio import CONTENT_TYPES, StreamEncoder
 from app.errors import error_body
@@ -22,8 +26,20 @@ from engines.base import Audio, InvalidParameter, SynthesisFailed, VoxMuxError
 log = logging.getLogger(__name__)
 
 
-async def first_chunk(stream: AudioStream) -> Audio:
-    """Wait for the first audio; on failure the stream is closed and the error raised."""
+async def cancel_on_disconnect(request: Request, stream: AudioStream) -> None:
+    """Cancel `stream` when the HTTP client hangs up (the request body is already read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    stream.cancel()
+
+
+async def first_chunk(stream: AudioStream, request: Request | None = None) -> Audio:
+    """Wait for the first audio; on failure the stream is closed and the error raised.
+
+    With `request`, a client that hangs up meanwhile (while queued, say) cancels the job at once
+    rather than when its turn comes.
+    """
+    watcher = asyncio.create_task(cancel_on_disconnect(request, stream)) if request else None
     try:
         return await anext(stream)
     except StopAsyncIteration:
@@ -34,6 +50,10 @@ async def first_chunk(stream: AudioStream) -> Audio:
     except BaseException:
         await stream.aclose()
         raise
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
 
 
 def job_headers(job: SpeechJob, encoder: StreamEncoder) -> dict[str, str]:
@@ -59,6 +79,21 @@ async def _chunks(first: Audio, stream: AudioStream) -> AsyncIterator[Audio]:
         yield chunk
 
 
+class _Aborted(Exception):
+    """The audio failed after the headers were sent; the transfer must not look complete."""
+
+
+class AbortableStreamingResponse(StreamingResponse):
+    """Leaves the body unterminated when its iterator raises `_Aborted`: the server then closes
+    the connection without the final chunk, and the client sees an incomplete transfer."""
+
+    async def stream_response(self, send: Send) -> None:
+        try:
+            await super().stream_response(send)
+        except _Aborted:
+            return
+
+
 async def _audio_bytes(first: Audio, stream: AudioStream, encoder: StreamEncoder
                        ) -> AsyncIterator[bytes]:
     try:
@@ -69,6 +104,7 @@ async def _audio_bytes(first: Audio, stream: AudioStream, encoder: StreamEncoder
         yield encoder.finish()
     except VoxMuxError as exc:
         log.warning("request %s aborted after streaming began: %s", stream.job.id, exc.message)
+        raise _Aborted from exc
     finally:
         await stream.aclose()
 
@@ -76,7 +112,7 @@ async def _audio_bytes(first: Audio, stream: AudioStream, encoder: StreamEncoder
 def audio_response(job: SpeechJob, stream: AudioStream, first: Audio, fmt: str
                    ) -> StreamingResponse:
     encoder = StreamEncoder(fmt, job.sample_rate)
-    return StreamingResponse(
+    return AbortableStreamingResponse(
         _audio_bytes(first, stream, encoder),
         media_type=CONTENT_TYPES[fmt],
         headers=job_headers(job, encoder),

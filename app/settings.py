@@ -65,12 +65,16 @@ class Settings(BaseSettings):
     """onnxruntime execution providers in order of preference (comma list)."""
     intra_op_threads: int = 0
     """onnxruntime threads per inference; 0 lets onnxruntime choose."""
+    intra_op_spinning: bool = False
+    """Let idle onnxruntime threads busy-wait for work; only pays on cores nothing else uses."""
     cuda_options: dict[str, str] = {}
     """CUDAExecutionProvider options, e.g. `VOXMUX_CUDA_OPTIONS__DEVICE_ID=1`,
     `VOXMUX_CUDA_OPTIONS__GPU_MEM_LIMIT=2147483648` (names as onnxruntime documents them)."""
 
     max_input_chars: int = Field(4096, gt=0)
     """Longest `input` accepted by the speech routes."""
+    max_request_bytes: int = Field(1 << 20, gt=0)
+    """Largest HTTP request body accepted; a larger one is refused with 413 before it is read."""
     first_segment_chars: int = Field(120, gt=10)
     """Budget of the first text segment, kept short so the first audio arrives early."""
     sentence_pause_ms: int = 250
@@ -113,6 +117,12 @@ class Settings(BaseSettings):
     """Largest WebSocket message a client may send; a larger one closes the session (1009)."""
     ws_keepalive: float = Field(2.0, gt=0)
     """Seconds without audio after which a WebSocket session sends a `progress` frame."""
+    ws_send_timeout: float = Field(60, gt=0)
+    """Seconds a WebSocket frame may wait on a client that reads nothing; past it the session
+    ends as if the client had left, freeing its connection place and buffered audio."""
+    ws_max_pending_chars: int = Field(65536, gt=0)
+    """Characters of text a `/ws/v1/tts/text` session may hold waiting to be spoken (text sent
+    faster than it is spoken); beyond it the session ends with an error frame and close 1008."""
 
     @field_validator("preload", "providers", "api_keys", mode="before")
     @classmethod

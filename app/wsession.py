@@ -96,6 +96,14 @@ class TooManySessions(SessionError):
     reason = "too many connections"
 
 
+class TextBacklogFull(SessionError):
+    """More than `ws_max_pending_chars` of text waits to be spoken."""
+
+    status = 413
+    code = "text_backlog_full"
+    reason = "too much text waiting"
+
+
 class ClientCancel(Exception):
     """The client sent `{"type": "cancel"}`."""
 
@@ -416,6 +424,8 @@ class TextSession(Session):
         self._sentences: asyncio.Queue[str | None] = asyncio.Queue()
         self._splitter = IncrementalSplitter()
         self._carry = ""
+        self._pending = 0
+        """Characters queued in `_sentences`, not yet taken to be spoken."""
         self._ended = False
         self._first_text: float | None = None
         self._memory = MemoryTracker()
@@ -469,6 +479,7 @@ class TextSession(Session):
         pause = dsp.pause(probe.sample_rate, self.settings.sentence_pause_ms)
         synthesis_s = 0.0
         while (sentence := await self.wait(self._sentences.get())) is not None:
+            self._pending -= len(sentence)
             job = plan(sentence)
             samples = await self.play(self.service.run(job), out, pause if self.sentences else None)
             synthesis_s += (job.stats.finished or time.perf_counter()) - job.stats.started
@@ -513,10 +524,24 @@ class TextSession(Session):
                 self._sentences.put_nowait(None)
 
     def _queue(self, piece: str) -> None:
-        """Queue a sentence; one with nothing to say waits to join the next (or is dropped)."""
-        text = f"{self._carry} {piece}" if self._carry else piece
-        if _speakable(text):
-            self._sentences.put_nowait(text)
-            self._carry = ""
-        else:
-            self._carry = text
+        """Queue a sentence; one with nothing to say waits to join the next (or is dropped).
+
+        What waits is bounded, however much text arrives: the carried piece keeps at most what
+        fits beside the next sentence in one segment, and queued text beyond
+        `ws_max_pending_chars` ends the session (`TextBacklogFull`).
+        """
+        limit = self._splitter.max_chars
+        room = limit - len(piece) - 1
+        carry = self._carry[len(self._carry) - room:] if room > 0 else ""
+        text = f"{carry} {piece}" if carry else piece
+        if not _speakable(text):
+            self._carry = text[-limit:]
+            return
+        self._carry = ""
+        self._pending += len(text)
+        if self._pending > self.settings.ws_max_pending_chars:
+            raise TextBacklogFull(
+                f"More than {self.settings.ws_max_pending_chars} characters are waiting to be "
+                "spoken; send text no faster than it is spoken"
+            )
+        self._sentences.put_nowait(text)

@@ -43,38 +43,48 @@ def median_ms(values: list[float]) -> float:
     return round(statistics.median(values) * 1000, 2)
 
 
+def cache_rows(client: httpx.Client, models: tuple[str, ...], lengths: tuple[int, ...],
+               rounds: int) -> list[dict[str, object]]:
+    """Miss against hit medians per model, length and format, from a server with the cache on."""
+    rows: list[dict[str, object]] = []
+    for model in models:
+        measure(client, model, f"Warm up {uuid.uuid4().hex[:6]}.")
+        for n, fmt in itertools.product(lengths, FORMATS):
+            miss: list[tuple[float, float]] = []
+            hit: list[tuple[float, float]] = []
+            for i in range(rounds):
+                text = f"Round {i} {uuid.uuid4().hex[:6]}. " + sentences(n)
+                state, *times = measure(client, model, text, fmt)
+                assert state == "miss", state
+                miss.append((times[0], times[1]))
+                state, *times = measure(client, model, text, fmt)
+                assert state == "hit", state
+                hit.append((times[0], times[1]))
+            miss_total = median_ms([m[1] for m in miss])
+            hit_total = median_ms([h[1] for h in hit])
+            row = {
+                "model": model, "sentences": n, "format": fmt,
+                "miss_ttfb_ms": median_ms([m[0] for m in miss]), "miss_total_ms": miss_total,
+                "hit_ttfb_ms": median_ms([h[0] for h in hit]), "hit_total_ms": hit_total,
+                "speedup_total": round(miss_total / hit_total, 1),
+            }
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
+CACHE_ON = {"VOXMUX_CACHE_MAX_ITEMS": "4096"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="espeak, 1 sentence, 2 rounds (checks the script, not the numbers)")
     args = parser.parse_args()
     models, lengths, rounds = (("espeak",), (1,), 2) if args.quick else (MODELS, LENGTHS, ROUNDS)
-    rows = []
-    env = {"VOXMUX_PRELOAD": ",".join(models), "VOXMUX_CACHE_MAX_ITEMS": "4096"}
+    env = {"VOXMUX_PRELOAD": ",".join(models), **CACHE_ON}
     with voxmux_server(env) as url, httpx.Client(base_url=url, timeout=600) as client:
-        for model in models:
-            measure(client, model, f"Warm up {uuid.uuid4().hex[:6]}.")
-            for n, fmt in itertools.product(lengths, FORMATS):
-                miss: list[tuple[float, float]] = []
-                hit: list[tuple[float, float]] = []
-                for i in range(rounds):
-                    text = f"Round {i} {uuid.uuid4().hex[:6]}. " + sentences(n)
-                    state, *times = measure(client, model, text, fmt)
-                    assert state == "miss", state
-                    miss.append((times[0], times[1]))
-                    state, *times = measure(client, model, text, fmt)
-                    assert state == "hit", state
-                    hit.append((times[0], times[1]))
-                miss_total = median_ms([m[1] for m in miss])
-                hit_total = median_ms([h[1] for h in hit])
-                row = {
-                    "model": model, "sentences": n, "format": fmt,
-                    "miss_ttfb_ms": median_ms([m[0] for m in miss]), "miss_total_ms": miss_total,
-                    "hit_ttfb_ms": median_ms([h[0] for h in hit]), "hit_total_ms": hit_total,
-                    "speedup_total": round(miss_total / hit_total, 1),
-                }
-                rows.append(row)
-                print(row, flush=True)
+        rows = cache_rows(client, models, lengths, rounds)
         stats = client.get("/stats").json()["cache"]
     path = write_result("cache", {
         "rounds": rounds, "statistic": "median", "quick": args.quick,

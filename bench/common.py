@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,28 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class Server:
+    """A server subprocess the benchmark started: where it answers and which process it is."""
+
+    url: str
+    pid: int
+
+    def rss(self) -> int:
+        """Resident set size of the server process now, in bytes."""
+        return rss_bytes(self.pid)
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
 @contextmanager
-def voxmux_server(env: dict[str, str] | None = None) -> Iterator[str]:
-    """`voxmux serve` in a subprocess on a free port; yields its base URL once healthy."""
+def voxmux_process(env: dict[str, str] | None = None) -> Iterator[Server]:
+    """`voxmux serve` in a subprocess on a free port; yields it once `/health` is past loading."""
     port = free_port()
     full_env = {**os.environ, "VOXMUX_PORT": str(port), "VOXMUX_HOST": "127.0.0.1",
                 "VOXMUX_LOG_LEVEL": "warning", **(env or {})}
@@ -65,10 +85,17 @@ def voxmux_server(env: dict[str, str] | None = None) -> Iterator[str]:
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise RuntimeError("VoxMux did not start")
             time.sleep(0.2)
-        yield url
+        yield Server(url, proc.pid)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@contextmanager
+def voxmux_server(env: dict[str, str] | None = None) -> Iterator[str]:
+    """`voxmux serve` in a subprocess on a free port; yields its base URL once healthy."""
+    with voxmux_process(env) as server:
+        yield server.url
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -81,13 +108,29 @@ def percentiles(values: list[float]) -> dict[str, float]:
             "mean": statistics.fmean(ordered), "n": len(ordered)}
 
 
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def load_average() -> list[float]:
+    """1, 5 and 15 minute load averages: other work on the machine skews every figure."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def machine() -> dict[str, Any]:
-    return {"cpus": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
+    return {"cpus": os.cpu_count(), "cpu_model": _cpu_model(), "platform": platform.platform(),
+            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
+            "load_average": load_average()}
 
 
-def write_result(name: str, data: dict[str, Any]) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+def write_result(name: str, data: dict[str, Any], folder: Path = RESULTS) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
     path.write_text(json.dumps({"machine": machine(), **data}, indent=2) + "\n")
     return path

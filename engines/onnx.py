@@ -36,6 +36,10 @@ class RuntimeOptions:
     intra_op_threads: int = 0
     """0 lets onnxruntime choose (one per physical core)."""
     inter_op_threads: int = 1
+    spinning: bool = False
+    """Whether idle intra-op threads busy-wait for the next parallel step. Off by default: on a
+    CPU shared with the event loop, the encoders and other requests the spinning threads take
+    the time slices the work needs (Piper ran 16-20 % faster without it, bench/)."""
     provider_options: dict[str, dict[str, str]] = field(default_factory=dict)
     """Options per provider, e.g. `{"CUDAExecutionProvider": {"device_id": "1"}}`."""
     fallbacks: list[str] = field(default_factory=list)
@@ -129,9 +133,16 @@ def _create(model: Path | bytes, options: RuntimeOptions) -> Any:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = options.intra_op_threads
     opts.inter_op_num_threads = options.inter_op_threads
+    opts.add_session_config_entry(
+        "session.intra_op.allow_spinning", "1" if options.spinning else "0"
+    )
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # Arena growth keeps RSS high after long inputs; releasing it matters for idle unload.
-    opts.enable_cpu_mem_arena = False
+    # Without the arena every large tensor is a fresh allocation the kernel must fault in (Piper
+    # 15-25 % and Kokoro ~35 % slower, bench/), and glibc keeps the RSS of a long input anyway.
+    # The arena is not shrunk after each run: freeing its chunks to glibc only to fault them in
+    # again cost 5-10 % per request and left more RSS behind after bursts, not less. Its memory
+    # goes with the session at unload (the registry then trims the heap).
+    opts.enable_cpu_mem_arena = True
     # Memory patterns are planned from the first run's shapes, and speech inputs change shape on
     # every call: with them on, onnxruntime 1.18 (the legacy-gpu pin) fails every Piper run after
     # the first ("invalid expand shape" in the duration predictor).

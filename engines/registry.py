@@ -20,6 +20,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from engines import heap
 from engines.base import Engine, EngineBusy, LoadFailed, ModelNotFound
 
 logger = logging.getLogger(__name__)
@@ -276,7 +277,7 @@ class EngineRegistry:
             if engine is None:
                 return False
             try:
-                await asyncio.to_thread(engine.unload)
+                await asyncio.to_thread(_unload_and_release, engine)
             except Exception:
                 logger.exception("model %s failed to unload cleanly", entry.spec.id)
             finally:
@@ -331,6 +332,11 @@ def _build(spec: ModelSpec) -> Engine:
             engine.unload()
         raise
     return engine
+
+
+def _unload_and_release(engine: Engine) -> None:
+    engine.unload()
+    heap.release()
 
 
 def _forget(tasks: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from app.deps import RequestIdDep, ServiceDep
@@ -14,7 +14,7 @@ router = APIRouter(tags=["speech"])
 
 @router.post("/v1/audio/speech", responses=ERROR_RESPONSES, response_class=StreamingResponse)
 async def create_speech(
-    body: SpeechRequest, service: ServiceDep, request_id: RequestIdDep
+    body: SpeechRequest, request: Request, service: ServiceDep, request_id: RequestIdDep
 ) -> StreamingResponse:
     job = service.plan(
         model=body.model,
@@ -26,7 +26,7 @@ async def create_speech(
         request_id=request_id,
     )
     stream = service.run(job)
-    first = await first_chunk(stream)
+    first = await first_chunk(stream, request)
     if body.stream_format == "sse":
         return sse_response(job, stream, first, body.response_format)
     return audio_response(job, stream, first, body.response_format)

@@ -1,4 +1,5 @@
-"""`WS /ws/v1/tts` and `WS /ws/v1/tts/text`: streamed speech over WebSockets (see app.wsession)."""
+"""Streamed speech over WebSockets: VoxMux's `/ws/v1/tts` and `/ws/v1/tts/text` (app.wsession),
+LunaVox's `/v1/stream` and `/v1/stream/text` (app.lunavox_ws); one connection limit for all."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from fastapi import APIRouter, WebSocket
 from starlette.datastructures import State
 
 from app.auth import authorize_websocket
+from app.lunavox_ws import StreamSession, TextStreamSession
 from app.serving import SpeechService
-from app.wsession import ConnectionGate, SpeechSession, TextSession
+from app.wsession import ConnectionGate, Session, SpeechSession, TextSession
 
 router = APIRouter(tags=["streaming"])
 
@@ -21,23 +23,29 @@ def _gate(state: State, service: SpeechService) -> ConnectionGate:
     return gate
 
 
-def _parts(websocket: WebSocket) -> tuple[SpeechService, str, ConnectionGate]:
+async def _serve(websocket: WebSocket, kind: type[Session]) -> None:
+    if not await authorize_websocket(websocket):
+        return
     service: SpeechService = websocket.app.state.service
     request_id = str(websocket.scope.get("state", {}).get("request_id") or uuid.uuid4().hex)
-    return service, request_id, _gate(websocket.app.state, service)
+    await kind(websocket, service, request_id).run(_gate(websocket.app.state, service))
 
 
 @router.websocket("/ws/v1/tts")
 async def speech_socket(websocket: WebSocket) -> None:
-    if not await authorize_websocket(websocket):
-        return
-    service, request_id, gate = _parts(websocket)
-    await SpeechSession(websocket, service, request_id).run(gate)
+    await _serve(websocket, SpeechSession)
 
 
 @router.websocket("/ws/v1/tts/text")
 async def text_socket(websocket: WebSocket) -> None:
-    if not await authorize_websocket(websocket):
-        return
-    service, request_id, gate = _parts(websocket)
-    await TextSession(websocket, service, request_id).run(gate)
+    await _serve(websocket, TextSession)
+
+
+@router.websocket("/v1/stream")
+async def lunavox_socket(websocket: WebSocket) -> None:
+    await _serve(websocket, StreamSession)
+
+
+@router.websocket("/v1/stream/text")
+async def lunavox_text_socket(websocket: WebSocket) -> None:
+    await _serve(websocket, TextStreamSession)

@@ -1,0 +1,142 @@
+"""Latency and throughput loops over any `System`s, interleaved so machine noise hits all alike.
+
+Latency: for each text length, round after round, every system gets the same text once, in an
+order that rotates each round, so a burst of other work on the machine lands on all of them.
+Throughput: `n` worker threads drain one shared list of requests; the figure is audio seconds per
+wall second. Audio seconds are counted with the raw engine's audio length for each text (its
+`reference`), so every system is credited the same for the same work and the ratios compare
+work done per second; the audio each system actually delivered is recorded beside it.
+"""
+
+from __future__ import annotations
+
+import queue
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from bench.common import SENTENCES, percentiles
+from bench.systems import Sample, System
+
+LENGTHS = {"short": 1, "medium": 5, "long": 20}
+"""Sentences per text; every sentence is 46-55 characters."""
+VARIANTS = len(SENTENCES)
+"""Distinct texts of each length (`text(n, k)` repeats after that)."""
+
+
+def text(sentences: int, variant: int) -> str:
+    """`sentences` sentences starting at a different one per `variant` (same length class)."""
+    return " ".join(SENTENCES[(variant + k) % len(SENTENCES)] for k in range(sentences))
+
+
+def _rotated(systems: Sequence[System], shift: int) -> list[System]:
+    shift %= len(systems)
+    return [*systems[shift:], *systems[:shift]]
+
+
+def latency(systems: Sequence[System], sentences: int, rounds: int) -> dict[str, Any]:
+    """Per system: p50/p95/p99 of the whole response and of the first audio, in ms."""
+    for system in systems:  # warm up: first-run costs belong to no figure
+        system.request(text(1, 0))
+    samples: dict[str, list[Sample]] = {s.name: [] for s in systems}
+    for i in range(rounds):
+        for system in _rotated(systems, i):
+            samples[system.name].append(system.request(text(sentences, i)))
+    return {name: _summary(runs) for name, runs in samples.items()}
+
+
+def _ms(values: list[float]) -> dict[str, float]:
+    return {k: round(v * 1000, 1) if k != "n" else v for k, v in percentiles(values).items()}
+
+
+def _summary(runs: list[Sample]) -> dict[str, Any]:
+    return {
+        "total_ms": _ms([r.total for r in runs]),
+        "ttfa_ms": _ms([r.ttfa for r in runs]),
+        "audio_s": round(statistics.fmean(r.audio_s for r in runs), 2),
+    }
+
+
+def throughput(system: System, workers: int, texts: Sequence[str],
+               reference: dict[str, float]) -> dict[str, Any]:
+    """Drain `texts` with `workers` threads; audio-seconds per wall-second, by reference length."""
+    todo: queue.SimpleQueue[str] = queue.SimpleQueue()
+    for item in texts:
+        todo.put(item)
+    delivered: list[float] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            try:
+                item = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                sample = system.request(item)
+            except BaseException as exc:
+                with lock:
+                    errors.append(exc)
+                return
+            with lock:
+                delivered.append(sample.audio_s)
+
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(workers)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    if errors:
+        raise RuntimeError(f"{system.name} failed at concurrency {workers}") from errors[0]
+    audio = sum(reference[t] for t in texts)
+    return {
+        "requests": len(texts),
+        "wall_s": wall,
+        "audio_s_per_s": audio / wall,
+        "delivered_audio_s_per_s": sum(delivered) / wall,
+    }
+
+
+def throughput_levels(systems: Sequence[System], levels: Sequence[int], sentences: int,
+                      per_worker: int, minimum: int, rounds: int, reference: dict[str, float]
+                      ) -> dict[str, dict[int, dict[str, Any]]]:
+    """Every system at every concurrency; each level is run `rounds` times, the systems in a
+    rotating order each time, and the rounds are pooled (total audio over total wall time)."""
+    out: dict[str, dict[int, dict[str, Any]]] = {s.name: {} for s in systems}
+    turn = 0
+    for workers in levels:
+        count = max(minimum, per_worker * workers)
+        texts = [text(sentences, k) for k in range(count)]
+        runs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in systems}
+        for _ in range(rounds):
+            for system in _rotated(systems, turn):
+                runs[system.name].append(throughput(system, workers, texts, reference))
+            turn += 1
+        for name, parts in runs.items():
+            wall = sum(p["wall_s"] for p in parts)
+            audio = sum(p["audio_s_per_s"] * p["wall_s"] for p in parts)
+            delivered = sum(p["delivered_audio_s_per_s"] * p["wall_s"] for p in parts)
+            out[name][workers] = {
+                "requests": sum(p["requests"] for p in parts),
+                "wall_s": round(wall, 3),
+                "audio_s_per_s": round(audio / wall, 2),
+                "delivered_audio_s_per_s": round(delivered / wall, 2),
+                "rounds": [p["audio_s_per_s"] for p in parts],
+            }
+            print(f"  {name:>10} x{workers}: {out[name][workers]}", flush=True)
+    return out
+
+
+def reference_lengths(raw: System, sentences: int, variants: int, repeats: int
+                      ) -> dict[str, float]:
+    """The raw engine's mean audio length per text (Piper's durations vary a little per run)."""
+    lengths: dict[str, float] = {}
+    for k in range(variants):
+        item = text(sentences, k)
+        lengths[item] = statistics.fmean(raw.request(item).audio_s for _ in range(repeats))
+    return lengths

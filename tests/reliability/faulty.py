@@ -1,0 +1,104 @@
+"""A test engine whose faults are switched on by its text and by a shared `Faults` object.
+
+It is registered the way a user adds an adapter: an entry in `app.main.ENGINES` and a model in a
+catalogue that names it (see `faulty_catalogue`). A segment containing `BOOM` raises, one
+containing `HANG` blocks until `Faults.release` is set, one containing `SLOW` takes
+`Faults.slow_seconds`; `Faults.load_error` makes `load()` fail. Anything else is a short tone.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.main import ENGINES
+from app.settings import ROOT
+from engines.base import Audio, Capabilities, SynthesisRequest, Voice, VoiceNotFound
+from tests.conftest import LiveServer, start_server, test_settings
+
+RATE = 16_000
+MODEL = "faulty"
+VOICE = "tone"
+SECONDS_PER_CHAR = 0.03
+
+
+@dataclass
+class Faults:
+    load_error: str | None = None
+    slow_seconds: float = 1.0
+    release: threading.Event = field(default_factory=threading.Event)
+    hung: threading.Event = field(default_factory=threading.Event)
+    """Set once a `HANG` segment is blocked, so a test knows the hang has begun."""
+    loads: int = 0
+
+
+class FaultyEngine:
+    name = MODEL
+    sample_rate = RATE
+    capabilities = Capabilities(speed_range=(0.5, 2.0), languages=("en",), max_segment_chars=400)
+
+    def __init__(self, faults: Faults) -> None:
+        self.faults = faults
+        self._loaded = False
+
+    @property
+    def loaded(self) -> bool:
+        return self._loaded
+
+    def load(self) -> None:
+        self.faults.loads += 1
+        if self.faults.load_error:
+            raise RuntimeError(self.faults.load_error)
+        self._loaded = True
+
+    def unload(self) -> None:
+        self._loaded = False
+
+    def voices(self) -> list[Voice]:
+        return [Voice(id=VOICE, name="Test tone", model=MODEL, language="en")]
+
+    def validate(self, req: SynthesisRequest) -> None:
+        if req.voice != VOICE:
+            raise VoiceNotFound(f"The faulty engine has no voice '{req.voice}'", param="voice")
+
+    def stream(self, req: SynthesisRequest) -> Iterator[Audio]:
+        if "BOOM" in req.text:
+            raise RuntimeError("injected fault")
+        if "HANG" in req.text:
+            self.faults.hung.set()
+            self.faults.release.wait(60)
+        if "SLOW" in req.text:
+            time.sleep(self.faults.slow_seconds)
+        yield tone(len(req.text) * SECONDS_PER_CHAR)
+
+    def synthesize(self, req: SynthesisRequest) -> Audio:
+        return np.concatenate(list(self.stream(req)))
+
+
+def tone(seconds: float) -> Audio:
+    t = np.arange(int(RATE * seconds), dtype=np.float32) / RATE
+    return (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+
+
+def faulty_catalogue(tmp: Path) -> Path:
+    """The shipped catalogue plus one `faulty` model, written under `tmp`."""
+    shipped = (ROOT / "config" / "models.toml").read_text(encoding="utf-8")
+    extra = f'\n[models.{MODEL}]\nengine = "{MODEL}"\ndefault_voice = "{VOICE}"\n'
+    path = tmp / "models.toml"
+    path.write_text(shipped + extra, encoding="utf-8")
+    return path
+
+
+def start_with_faulty(tmp: Path, faults: Faults, **overrides: Any) -> LiveServer:
+    """A live server whose catalogue has the `faulty` model beside the real ones."""
+    settings = test_settings(tmp, catalogue=faulty_catalogue(tmp), **overrides)
+    with pytest.MonkeyPatch.context() as patch:  # engines are built inside create_app
+        patch.setitem(ENGINES, MODEL, lambda s, rt: FaultyEngine(faults))
+        return start_server(settings)
