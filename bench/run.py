@@ -17,6 +17,7 @@ Writes `bench/results/run.json`, `summary.md` and PNG plots (`--quick`: `bench/r
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -74,13 +75,28 @@ COMPARE_ENV = {"VOXMUX_PRELOAD": "piper", "VOXMUX_CACHE_MAX_ITEMS": "0", "VOXMUX
                "VOXMUX_QUEUE_SIZE": "64"}
 
 
+PHASES = ("compare", "cache", "memory")
+
+
 @contextmanager
-def phase(name: str, timings: dict[str, float]) -> Iterator[None]:
-    print(f"== {name} (load average {load_average()})", flush=True)
+def phase(name: str, runs: dict[str, dict[str, Any]]) -> Iterator[None]:
+    """Times a phase and keeps the load average around it with its result."""
+    before = load_average()
+    print(f"== {name} (load average {before})", flush=True)
     started = time.perf_counter()
     yield
-    timings[name] = round(time.perf_counter() - started, 1)
-    print(f"== {name} done in {timings[name]} s", flush=True)
+    runs[name] = {"seconds": round(time.perf_counter() - started, 1),
+                  "at": time.strftime("%Y-%m-%d %H:%M"),
+                  "load_average": {"before": before, "after": load_average()}}
+    print(f"== {name} done in {runs[name]['seconds']} s", flush=True)
+
+
+def _previous(path: Path, quick: bool) -> dict[str, Any]:
+    """The last result of the same kind, whose phases a `--skip` run keeps."""
+    if not path.exists():
+        return {}
+    previous: dict[str, Any] = json.loads(path.read_text())
+    return previous if previous.get("quick") == quick else {}
 
 
 def compare(plan: Plan, logs: Path) -> dict[str, Any]:
@@ -92,13 +108,14 @@ def compare(plan: Plan, logs: Path) -> dict[str, Any]:
         peer_server = stack.enter_context(peer.peer_server(logs / "peer.log"))
         raw = RawPiper(settings)
         stack.callback(raw.close)
-        clients = [VoxMuxClient(vox.url), PeerClient(peer_server.url, raw.engine.sample_rate)]
+        voxmux = VoxMuxClient(vox.url)
+        peer_client = PeerClient(peer_server.url, raw.engine.sample_rate)
+        mp3 = VoxMuxClient(vox.url, name="voxmux_mp3", fmt="mp3")
+        clients: list[VoxMuxClient | PeerClient] = [voxmux, peer_client]
         if single is not None:
             clients.append(VoxMuxClient(single.url, name="voxmux_c1"))
-        mp3 = VoxMuxClient(vox.url, name="voxmux_mp3", fmt="mp3")
         for client in (*clients, mp3):
             stack.callback(client.close)
-        voxmux, peer_client = clients[0], clients[1]
         latency_systems: list[System] = [raw, voxmux, mp3, peer_client]
 
         latency = {}
@@ -144,28 +161,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="a few requests per figure, into bench/results/quick/")
-    parser.add_argument("--skip", action="append", default=[],
-                        choices=("compare", "cache", "memory"), help="leave a phase out")
+    parser.add_argument("--skip", action="append", default=[], choices=PHASES,
+                        help="leave a phase out; its figures from the last run.json are kept")
     args = parser.parse_args()
     plan = QUICK if args.quick else FULL
     folder = RESULTS / "quick" if args.quick else RESULTS
     logs = ROOT / "var" / "bench"
-    timings: dict[str, float] = {}
+    previous = _previous(folder / "run.json", args.quick)
+    runs: dict[str, dict[str, Any]] = previous.get("phases", {})
+    result: dict[str, Any] = {"quick": args.quick, "plan": asdict(plan), "phases": runs}
+    for name in args.skip:
+        if name in previous:
+            result[name] = previous[name]
     load_before = load_average()
-    result: dict[str, Any] = {"quick": args.quick, "plan": asdict(plan)}
     if "compare" not in args.skip:
-        with phase("compare", timings):
+        with phase("compare", runs):
             result["compare"] = compare(plan, logs)
     if "cache" not in args.skip:
-        with phase("cache", timings):
+        with phase("cache", runs):
             result["cache"] = cache(plan)
     if "memory" not in args.skip:
-        with phase("memory", timings):
+        with phase("memory", runs):
             result["memory"] = memory.memory_run(
                 plan.memory_models, plan.soak_models, plan.soak_requests, plan.soak_warmup,
                 plan.soak_sample_every,
             )
-    result["timings_s"] = timings
+    for name in list(runs):
+        if name not in result:
+            del runs[name]
     result["load_average"] = {"before": load_before, "after": load_average()}
     path = write_result("run", result, folder)
     from bench import report  # matplotlib is imported only once there is something to plot
