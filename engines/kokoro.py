@@ -216,6 +216,9 @@ class KokoroEngine:
 
     def unload(self) -> None:
         self._session = None
+        # jieba's dictionary is the largest thing load() pulled in and can be given back;
+        # pyopenjtalk's stays for the process (it has no way to release it).
+        zh.release()
 
     def validate(self, req: SynthesisRequest) -> None:
         self._style_table(req.voice)

@@ -67,3 +67,19 @@ def test_an_engine_unloaded_and_released_speaks_again_after_reload() -> None:
     engine.unload()
     assert first.size > engine.sample_rate // 2 and second.size > engine.sample_rate // 2
     assert float(np.max(np.abs(second))) > 0.05
+
+
+def test_kokoro_unload_gives_back_the_chinese_dictionary() -> None:
+    import jieba
+
+    from engines.frontend import zh
+    from engines.kokoro import KokoroEngine
+    from engines.onnx import RuntimeOptions
+    from tests.conftest import CACHE_DIR
+
+    engine = KokoroEngine(CACHE_DIR, None, RuntimeOptions())
+    engine.load()
+    assert jieba.dt.initialized and len(jieba.dt.FREQ) > 100_000
+    engine.unload()
+    assert not jieba.dt.initialized and not jieba.dt.FREQ
+    assert zh.words("我喜欢吃苹果") == ["我", "喜欢", "吃", "苹果"]  # loads again on demand
