@@ -94,14 +94,24 @@ class AbortableStreamingResponse(StreamingResponse):
             return
 
 
+async def _encode(encoder: StreamEncoder, chunk: Audio | None) -> bytes:
+    """Codec work (LAME, Opus, AAC, FLAC) runs in a worker thread, off the event loop; raw
+    formats are a copy and stay inline. `None` finishes the stream."""
+    if encoder.format in ("pcm", "wav"):
+        return encoder.finish() if chunk is None else encoder.encode(chunk)
+    if chunk is None:
+        return await asyncio.to_thread(encoder.finish)
+    return await asyncio.to_thread(encoder.encode, chunk)
+
+
 async def _audio_bytes(first: Audio, stream: AudioStream, encoder: StreamEncoder
                        ) -> AsyncIterator[bytes]:
     try:
         async for chunk in _chunks(first, stream):
-            data = encoder.encode(chunk)
+            data = await _encode(encoder, chunk)
             if data:
                 yield data
-        yield encoder.finish()
+        yield await _encode(encoder, None)
     except VoxMuxError as exc:
         log.warning("request %s aborted after streaming began: %s", stream.job.id, exc.message)
         raise _Aborted from exc
@@ -130,10 +140,10 @@ async def _sse_events(job: SpeechJob, first: Audio, stream: AudioStream,
 
     try:
         async for chunk in _chunks(first, stream):
-            data = encoder.encode(chunk)
+            data = await _encode(encoder, chunk)
             if data:
                 yield delta(data)
-        tail = encoder.finish()
+        tail = await _encode(encoder, None)
         if tail:
             yield delta(tail)
         chars = len(job.text)
