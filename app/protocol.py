@@ -31,21 +31,30 @@ class VoiceRef(Strict):
     id: str = Field(min_length=1)
 
 
-class SpeechRequest(Strict):
-    """OpenAI's `POST /v1/audio/speech` body, plus `language`; `text` is an alias of `input`."""
+def voice_id(voice: str | VoiceRef | None) -> str | None:
+    return voice.id if isinstance(voice, VoiceRef) else voice
+
+
+class SpeechOptions(Strict):
+    """The speech fields every VoxMux route shares, without the text."""
 
     model: str = Field(min_length=1)
-    input: str = Field(validation_alias=AliasChoices("input", "text"))
     voice: str | VoiceRef | None = None
     instructions: str | None = None
-    response_format: ResponseFormat = "mp3"
     speed: float = Field(1.0, ge=0.25, le=4.0)
-    stream_format: Literal["audio", "sse"] = "audio"
     language: str | None = Field(None, description="Override the detected language (e.g. ja)")
 
     @property
     def voice_id(self) -> str | None:
-        return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
+        return voice_id(self.voice)
+
+
+class SpeechRequest(SpeechOptions):
+    """OpenAI's `POST /v1/audio/speech` body, plus `language`; `text` is an alias of `input`."""
+
+    input: str = Field(validation_alias=AliasChoices("input", "text"))
+    response_format: ResponseFormat = "mp3"
+    stream_format: Literal["audio", "sse"] = "audio"
 
 
 class SynthOptions(Strict):
@@ -71,7 +80,7 @@ class SynthOptions(Strict):
 
     @property
     def voice_id(self) -> str | None:
-        return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
+        return voice_id(self.voice)
 
 
 class StreamRequest(SynthOptions):
@@ -102,22 +111,13 @@ class SessionRequest(Strict):
 WsAudioFormat = Literal["pcm_s16le", "wav"]
 
 
-class WsOptions(Strict):
+class WsOptions(SpeechOptions):
     """First frame of `WS /ws/v1/tts/text`: the speech options, without text."""
 
-    model: str = Field(min_length=1)
-    voice: str | VoiceRef | None = None
-    instructions: str | None = None
-    speed: float = Field(1.0, ge=0.25, le=4.0)
-    language: str | None = Field(None, description="Override the detected language (e.g. ja)")
     format: WsAudioFormat = Field(
         "pcm_s16le", description="Raw s16le mono, or the same preceded by one WAV header frame"
     )
     binary: bool = Field(True, description="False: audio as base64 in JSON `audio` frames")
-
-    @property
-    def voice_id(self) -> str | None:
-        return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
 
 
 class WsSpeechRequest(WsOptions):

@@ -24,6 +24,7 @@ from app.cache import AudioCache, CachedAudio, cache_key
 from app.catalogue import Catalogue, ModelEntry
 from app.memory import MemoryTracker
 from app.metrics import Metrics
+from app.protocol import SpeechOptions
 from app.scheduler import Scheduler
 from app.settings import Settings
 from app.stats import Outcome, RequestRecord, RequestStatus, ServingStats
@@ -247,6 +248,18 @@ class SpeechService:
         )
         engine.validate(job.request(job.segments[0]))
         return job
+
+    def plan_options(self, options: SpeechOptions, text: str, request_id: str) -> SpeechJob:
+        """`plan` from a route's parsed speech fields."""
+        return self.plan(
+            model=options.model,
+            text=text,
+            voice=options.voice_id,
+            speed=options.speed,
+            language=options.language,
+            instructions=options.instructions,
+            request_id=request_id,
+        )
 
     def run(self, job: SpeechJob, *, internal: bool = False) -> AudioStream:
         """Start the job; a cached result is replayed without a slot, a lease or an engine.

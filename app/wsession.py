@@ -376,15 +376,7 @@ class SpeechSession(Session):
 
     async def session(self) -> dict[str, Any]:
         request = await self.first(WsSpeechRequest)
-        job = self.service.plan(
-            model=request.model,
-            text=request.input,
-            voice=request.voice_id,
-            speed=request.speed,
-            language=request.language,
-            instructions=request.instructions,
-            request_id=self.request_id,
-        )
+        job = self.service.plan_options(request, request.input, self.request_id)
         stream = self.service.run(job)
         try:
             await self.ws.send_json(self.started(job, request) | {"segments": len(job.segments)})
@@ -436,15 +428,7 @@ class TextSession(Session):
         options = await self.first(WsOptions)
 
         def plan(text: str) -> SpeechJob:
-            return self.service.plan(
-                model=options.model,
-                text=text,
-                voice=options.voice_id,
-                speed=options.speed,
-                language=options.language,
-                instructions=options.instructions,
-                request_id=self.request_id,
-            )
+            return self.service.plan_options(options, text, self.request_id)
 
         probe = plan("Hello.")
         await self.ws.send_json(self.started(probe, options))

@@ -16,15 +16,7 @@ router = APIRouter(tags=["speech"])
 async def create_speech(
     body: SpeechRequest, request: Request, service: ServiceDep, request_id: RequestIdDep
 ) -> StreamingResponse:
-    job = service.plan(
-        model=body.model,
-        text=body.input,
-        voice=body.voice_id,
-        speed=body.speed,
-        language=body.language,
-        instructions=body.instructions,
-        request_id=request_id,
-    )
+    job = service.plan_options(body, body.input, request_id)
     stream = service.run(job)
     first = await first_chunk(stream, request)
     if body.stream_format == "sse":
