@@ -18,6 +18,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 _STATUS = Path("/proc/self/status")
+_TASKS = Path("/proc/self/task")
 
 
 def _status_kib(field: str) -> int | None:
@@ -34,6 +35,25 @@ def _status_kib(field: str) -> int | None:
 def rss_bytes() -> int | None:
     """Resident set size now (VmRSS), or None where /proc has no such field."""
     return _status_kib("VmRSS")
+
+
+def helpers_rss_bytes() -> int:
+    """Resident set size of this process's children: the helper processes engines start (the
+    Japanese reader), whose memory leaves with them when the engines using them unload."""
+    total = 0
+    for task in _TASKS.glob("*/children"):
+        try:
+            children = task.read_text().split()
+        except OSError:
+            continue
+        for pid in children:
+            try:
+                text = Path(f"/proc/{pid}/status").read_text()
+            except OSError:  # gone since the listing
+                continue
+            total += next((int(line.split()[1]) * 1024 for line in text.splitlines()
+                           if line.startswith("VmRSS:")), 0)
+    return total
 
 
 def rss_peak_bytes() -> int | None:
@@ -154,6 +174,7 @@ def process_memory() -> dict[str, object]:
     return {
         "rss": rss_bytes(),
         "rss_peak": rss_peak_bytes(),
+        "helpers_rss": helpers_rss_bytes(),
         "vram": vram,
         "vram_measured": vram is not None,
     }

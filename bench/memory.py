@@ -1,13 +1,13 @@
 """Server memory: RSS per loaded model, after idle unload against the pre-load baseline, and over a
-soak of many requests. RSS is read from `/proc/<pid>/status` of the server subprocess.
+soak of many requests. RSS is read from `/proc/<pid>/status` of the server subprocess and of the
+helper processes it runs (the Japanese reader), summed.
 
 The server starts with nothing preloaded, a short idle TTL and the cache off. The baseline is
 taken once it has answered a few non-synthesis requests (route code warmed, no model touched).
 Then, one model at a time: one short request loads it (RSS with the model), the idle TTL unloads
 it (RSS after unload), and the same again: a second cycle shows whether anything accumulates.
 What a first synthesis sets up for the life of the process (onnxruntime's global state and code
-pages, the eSpeak NG library and data, Kokoro's Japanese and Chinese dictionaries) stays, and is
-part of what "after unload" measures.
+pages, the eSpeak NG library and data) stays, and is part of what "after unload" measures.
 """
 
 from __future__ import annotations

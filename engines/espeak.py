@@ -23,7 +23,7 @@ from engines.base import (
     concatenate,
 )
 from engines.espeak_lib import DEFAULT_WPM, MAX_WPM, MIN_WPM, espeak
-from engines.frontend import espeak_runs, supported
+from engines.frontend import espeak_runs, ja, supported
 
 
 @functools.cache
@@ -62,9 +62,13 @@ class EspeakEngine:
 
     def load(self) -> None:
         self.sample_rate = espeak().sample_rate
+        if not self._loaded:
+            ja.READER.hold(start=False)  # started by the first Japanese text
         self._loaded = True
 
     def unload(self) -> None:
+        if self._loaded:
+            ja.READER.release()
         self._loaded = False
 
     def validate(self, req: SynthesisRequest) -> None:

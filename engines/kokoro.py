@@ -210,15 +210,23 @@ class KokoroEngine:
             raise
         except Exception as exc:
             raise LoadFailed(f"Kokoro failed to load: {exc}") from exc
-        # The readers load their dictionaries once per process; here, not in the first request.
-        ja.phonemes("準備")
+        # The readers load their dictionaries here, not in the first request: the embedded
+        # voices are Japanese, so the Japanese reader is started now.
+        try:
+            ja.READER.hold(start=True)
+        except Exception as exc:
+            self._session = None
+            raise LoadFailed(f"Kokoro failed to load: {exc}") from exc
         zh.words("准备")
 
     def unload(self) -> None:
+        if self._session is None:
+            return
         self._session = None
-        # jieba's dictionary is the largest thing load() pulled in and can be given back;
-        # pyopenjtalk's stays for the process (it has no way to release it).
+        # Both readers' dictionaries go with the model: jieba's is dropped, and the Japanese
+        # reader's process stops when no other loaded engine holds it.
         zh.release()
+        ja.READER.release()
 
     def validate(self, req: SynthesisRequest) -> None:
         self._style_table(req.voice)

@@ -32,7 +32,7 @@ from engines.base import (
     concatenate,
 )
 from engines.espeak_lib import espeak
-from engines.frontend import espeak_runs
+from engines.frontend import espeak_runs, ja
 from engines.onnx import RuntimeOptions, open_session
 from engines.voicescan import VoiceChanges, diff
 
@@ -192,12 +192,15 @@ class PiperEngine:
                 if model is not self._embedded:
                     self._open(model, errors)
             self.voice_errors = errors
+            ja.READER.hold(start=False)  # started by the first Japanese text
             self._loaded = True
 
     def unload(self) -> None:
         with self._lock:
             for model in self._models.values():
                 model.session = None
+            if self._loaded:
+                ja.READER.release()
             self._loaded = False
 
     def _resolve(self, voice: str) -> tuple[PiperModel, int | None]:

