@@ -102,6 +102,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+            service.close()
             await registry.close()
 
     app = FastAPI(title="VoxMux", version="0.1.0", lifespan=lifespan)

@@ -10,10 +10,12 @@ engine; every other one is cached when it succeeds. Each request keeps its line 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -195,6 +197,17 @@ class SpeechService:
         self.stats = stats or ServingStats(settings.request_log_size, settings.stats_window)
         self.metrics = metrics or Metrics(scheduler, registry, self.cache)
         registry.on_change.append(self._observe_load)
+        # Engine calls get threads of their own, one per scheduler slot: asyncio's default pool
+        # (cores + 4 threads, shared with encoders and file I/O) would cap how many of the
+        # configured slots really run at once on a small machine.
+        self._engine_threads = ThreadPoolExecutor(
+            max_workers=settings.concurrency * max(1, len(engines)),
+            thread_name_prefix="voxmux-engine",
+        )
+
+    def close(self) -> None:
+        """At shutdown: no new engine calls; one still running finishes in its thread."""
+        self._engine_threads.shutdown(wait=False, cancel_futures=True)
 
     def resolve_voice(self, entry: ModelEntry, voice: str | None) -> str:
         if not voice:
@@ -442,8 +455,10 @@ class SpeechService:
         if remaining <= 0:
             raise RequestTimeout(f"The request ran past {self.settings.request_timeout:g} s")
         try:
+            render = functools.partial(self._render, engine, job, text)
+            loop = asyncio.get_running_loop()
             return await asyncio.wait_for(
-                asyncio.to_thread(self._render, engine, job, text), timeout=remaining
+                loop.run_in_executor(self._engine_threads, render), timeout=remaining
             )
         except TimeoutError as exc:
             raise RequestTimeout(

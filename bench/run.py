@@ -60,7 +60,7 @@ class Plan:
 
 FULL = Plan(
     rounds={"short": 30, "medium": 16, "long": 8}, levels=(1, 2, 4, 8), throughput_sentences=5,
-    per_worker=1, min_requests=4, throughput_rounds=2, single_slot_server=True,
+    per_worker=2, min_requests=4, throughput_rounds=4, single_slot_server=True,
     cache_lengths=(1, 5, 20), cache_rounds=2, memory_models=("piper", "kokoro", "espeak"),
     soak_models=("espeak", "piper"), soak_requests=1000, soak_warmup=100, soak_sample_every=50,
 )

@@ -30,6 +30,8 @@ TEN = " ".join(SENTENCES)
 
 
 def test_sdk_streaming_delivers_first_audio_long_before_the_last(server: LiveServer) -> None:
+    with server.client() as http:  # streaming is measured here, not Piper's load (tts-1 = piper)
+        http.post("/v1/models/piper/load").raise_for_status()
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
     started = time.perf_counter()
     arrivals: list[float] = []

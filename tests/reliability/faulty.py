@@ -37,6 +37,10 @@ class Faults:
     hung: threading.Event = field(default_factory=threading.Event)
     """Set once a `HANG` segment is blocked, so a test knows the hang has begun."""
     loads: int = 0
+    running: int = 0
+    """Segments being synthesized now; `peak` is the most there ever were at once."""
+    peak: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class FaultyEngine:
@@ -75,7 +79,12 @@ class FaultyEngine:
             self.faults.hung.set()
             self.faults.release.wait(60)
         if "SLOW" in req.text:
+            with self.faults.lock:
+                self.faults.running += 1
+                self.faults.peak = max(self.faults.peak, self.faults.running)
             time.sleep(self.faults.slow_seconds)
+            with self.faults.lock:
+                self.faults.running -= 1
         yield tone(len(req.text) * SECONDS_PER_CHAR)
 
     def synthesize(self, req: SynthesisRequest) -> Audio:

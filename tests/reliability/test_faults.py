@@ -10,8 +10,10 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -224,3 +226,26 @@ def test_the_faulty_model_still_answers_base64_sse_deltas_after_all_this(live: L
                      if e["type"] == "speech.audio.delta")
     assert events[-1]["type"] == "speech.audio.done"
     assert decode(audio, "pcm", pcm_rate=RATE).duration > 1.0
+
+
+# -- slow engine: every slot runs ----------------------------------------------------------------
+
+def test_every_configured_slot_synthesizes_at_once(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """More slots than asyncio's default thread pool has threads (cores + 4): all run at once."""
+    slots = min(32, (os.cpu_count() or 1) + 4) + 2
+    faults = Faults(slow_seconds=1.5)
+    server = start_with_faulty(tmp_path_factory.mktemp("slots"), faults, preload=[MODEL],
+                               concurrency=slots, queue_size=64)
+    try:
+        def one(_: int) -> int:
+            with server.client() as client:
+                return client.post("/v1/audio/speech", json={
+                    "model": MODEL, "input": text("SLOW"), "response_format": "pcm"}).status_code
+
+        with ThreadPoolExecutor(slots) as pool:
+            statuses = list(pool.map(one, range(slots)))
+        assert statuses == [200] * slots
+        assert faults.peak == slots
+    finally:
+        server.stop()
