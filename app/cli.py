@@ -16,6 +16,7 @@ from app import doctor
 from app.logs import configure_logging
 from app.main import create_app
 from app.settings import Settings, load_settings
+from engines import heap
 
 DEFAULT_PROFILE = "cpu"
 
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "doctor":
         raise SystemExit(doctor.run(settings, as_json=args.json, strict=args.strict))
     configure_logging(settings)
+    heap.limit_arenas()  # before uvicorn and the engines start their threads
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
                 log_level=settings.log_level, log_config=None, ws_max_size=1 << 20)
 

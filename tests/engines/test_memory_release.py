@@ -8,6 +8,8 @@ unless asked.
 from __future__ import annotations
 
 import ctypes
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -83,3 +85,48 @@ def test_kokoro_unload_gives_back_the_chinese_dictionary() -> None:
     engine.unload()
     assert not jieba.dt.initialized and not jieba.dt.FREQ
     assert zh.words("我喜欢吃苹果") == ["我", "喜欢", "吃", "苹果"]  # loads again on demand
+
+
+ARENA_PROBE = """
+import ctypes, os, sys, tempfile, threading
+from engines import heap
+print(heap.limit_arenas(), flush=True)
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+barrier = threading.Barrier(8)
+def work():
+    barrier.wait()
+    for _ in range(20000):
+        libc.malloc(64)  # kept: every thread keeps touching its arena while the others do
+threads = [threading.Thread(target=work) for _ in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+path = tempfile.mktemp()
+libc.fopen.restype = ctypes.c_void_p
+libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+fp = libc.fopen(path.encode(), b"w")
+libc.malloc_info(0, fp)
+libc.fclose(fp)
+print(open(path).read().count("<heap nr="))
+os.remove(path)
+"""
+
+
+def arenas_after_threads(env: dict[str, str]) -> tuple[str, int]:
+    """(limit_arenas' answer, glibc's arena count) in a fresh process after 8 busy threads."""
+    done = subprocess.run([sys.executable, "-c", ARENA_PROBE], capture_output=True, text=True,
+                          env=env, cwd=Path(__file__).resolve().parents[2], timeout=60, check=True)
+    answer, count = done.stdout.split()
+    return answer, int(count)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_the_server_caps_malloc_arenas_unless_the_operator_did() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    answer, count = arenas_after_threads(env)
+    assert answer == "True" and count <= heap.SERVER_ARENAS
+    answer, count = arenas_after_threads({**env, "MALLOC_ARENA_MAX": "8"})
+    assert answer == "False" and count > heap.SERVER_ARENAS  # glibc's own setting stands
