@@ -217,7 +217,11 @@ class KokoroEngine:
         except Exception as exc:
             self._session = None
             raise LoadFailed(f"Kokoro failed to load: {exc}") from exc
-        zh.words("准备")
+        try:
+            zh.words("准备")
+        except Exception as exc:
+            self.unload()
+            raise LoadFailed(f"Kokoro failed to load its Chinese dictionary: {exc}") from exc
 
     def unload(self) -> None:
         if self._session is None:

@@ -14,7 +14,7 @@ import pytest
 from engines import ja_reader
 from engines.base import LoadFailed, SynthesisFailed, SynthesisRequest
 from engines.espeak import EspeakEngine
-from engines.frontend import ja
+from engines.frontend import ja, zh
 from engines.helper import HelperProcess
 from engines.kokoro import KokoroEngine
 from engines.onnx import RuntimeOptions
@@ -141,3 +141,15 @@ def test_a_helper_warm_up_error_is_the_start_error() -> None:
     with pytest.raises(SynthesisFailed, match="did not start: no dictionary"):
         helper.hold(start=True)
     assert helper.holders == 0
+
+
+def test_kokoro_load_that_fails_later_gives_the_reader_back(
+        reader: HelperProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(text: str) -> list[str]:
+        raise OSError("jieba's dictionary is unreadable")
+
+    monkeypatch.setattr(zh, "words", broken)
+    kokoro = KokoroEngine(CACHE_DIR, None, RuntimeOptions())
+    with pytest.raises(LoadFailed, match="Chinese dictionary: jieba's dictionary is unreadable"):
+        kokoro.load()
+    assert not kokoro.loaded and reader.holders == 0 and reader.pid is None
