@@ -21,9 +21,10 @@ _STATUS = Path("/proc/self/status")
 _TASKS = Path("/proc/self/task")
 
 
-def _status_kib(field: str) -> int | None:
+def _status_kib(field: str, status: Path = _STATUS) -> int | None:
+    """A `/proc/<pid>/status` field in bytes; None if the process or the field is not there."""
     try:
-        text = _STATUS.read_text()
+        text = status.read_text()
     except OSError:
         return None
     for line in text.splitlines():
@@ -46,13 +47,8 @@ def helpers_rss_bytes() -> int:
             children = task.read_text().split()
         except OSError:
             continue
-        for pid in children:
-            try:
-                text = Path(f"/proc/{pid}/status").read_text()
-            except OSError:  # gone since the listing
-                continue
-            total += next((int(line.split()[1]) * 1024 for line in text.splitlines()
-                           if line.startswith("VmRSS:")), 0)
+        for pid in children:  # one may be gone since the listing: it counts 0
+            total += _status_kib("VmRSS", Path(f"/proc/{pid}/status")) or 0
     return total
 
 
