@@ -17,14 +17,14 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-_STATUS = Path("/proc/self/status")
-_TASKS = Path("/proc/self/task")
+Pid = int | str
+"""A process id, or "self" for this process."""
 
 
-def _status_kib(field: str, status: Path = _STATUS) -> int | None:
+def _status_kib(field: str, pid: Pid = "self") -> int | None:
     """A `/proc/<pid>/status` field in bytes; None if the process or the field is not there."""
     try:
-        text = status.read_text()
+        text = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return None
     for line in text.splitlines():
@@ -33,22 +33,22 @@ def _status_kib(field: str, status: Path = _STATUS) -> int | None:
     return None
 
 
-def rss_bytes() -> int | None:
+def rss_bytes(pid: Pid = "self") -> int | None:
     """Resident set size now (VmRSS), or None where /proc has no such field."""
-    return _status_kib("VmRSS")
+    return _status_kib("VmRSS", pid)
 
 
-def helpers_rss_bytes() -> int:
-    """Resident set size of this process's children: the helper processes engines start (the
+def helpers_rss_bytes(pid: Pid = "self") -> int:
+    """Resident set size of a process's children: the helper processes engines start (the
     Japanese reader), whose memory leaves with them when the engines using them unload."""
     total = 0
-    for task in _TASKS.glob("*/children"):
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
         try:
             children = task.read_text().split()
         except OSError:
             continue
-        for pid in children:  # one may be gone since the listing: it counts 0
-            total += _status_kib("VmRSS", Path(f"/proc/{pid}/status")) or 0
+        for child in children:  # one may be gone since the listing: it counts 0
+            total += rss_bytes(child) or 0
     return total
 
 

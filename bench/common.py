@@ -11,12 +11,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from app import memory
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -54,27 +56,7 @@ class Server:
 
     def rss(self) -> int:
         """Resident set size of the server and its helper processes now, in bytes."""
-        return rss_bytes(self.pid) + sum(map(rss_bytes, children(self.pid)))
-
-
-def rss_bytes(pid: int) -> int:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:  # a helper that stopped since it was listed
-        return 0
-    for line in status.splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
-
-
-def children(pid: int) -> list[int]:
-    """The processes `pid` started (VoxMux's helpers: the Japanese reader)."""
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        with suppress(OSError):
-            found += [int(child) for child in task.read_text().split()]
-    return found
+        return (memory.rss_bytes(self.pid) or 0) + memory.helpers_rss_bytes(self.pid)
 
 
 @contextmanager

@@ -21,12 +21,13 @@ log = logging.getLogger(__name__)
 
 
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
+def _libc(name: str) -> Callable[..., int] | None:
+    """A C library function by name; None where this C library lacks it (musl, macOS)."""
     try:
-        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
+        function: Callable[..., int] = getattr(ctypes.CDLL(None), name)
     except (AttributeError, OSError):
         return None
-    return trim
+    return function
 
 
 M_ARENA_MAX = -8
@@ -43,18 +44,15 @@ from onnxruntime's own arena, not from malloc on every call."""
 def limit_arenas(count: int = SERVER_ARENAS) -> bool:
     """Cap glibc's malloc arenas; call before the server starts its threads. Does nothing (False)
     where the C library has no `mallopt` or the operator set `MALLOC_ARENA_MAX` themselves."""
-    if "MALLOC_ARENA_MAX" in os.environ:
-        return False
-    try:
-        mallopt: Callable[[int, int], int] = ctypes.CDLL(None).mallopt
-    except (AttributeError, OSError):
+    mallopt = _libc("mallopt")
+    if "MALLOC_ARENA_MAX" in os.environ or mallopt is None:
         return False
     return bool(mallopt(M_ARENA_MAX, count))
 
 
 def release() -> None:
     """Return the free heap pages to the operating system; call after dropping a model."""
-    trim = _malloc_trim()
+    trim = _libc("malloc_trim")
     if trim is not None:
         try:
             trim(0)
