@@ -42,8 +42,9 @@ async def synthesize_whole(service: SpeechService, job: SpeechJob, request: Requ
     return np.concatenate(chunks)
 
 
-def _one_shot(job: SpeechJob, audio: Audio, fmt: str) -> Response:
-    body = encode_whole(audio, job.sample_rate, fmt)
+async def _one_shot(job: SpeechJob, audio: Audio, fmt: str) -> Response:
+    # A whole clip through LAME or Opus takes long enough to stall every other stream.
+    body = await asyncio.to_thread(encode_whole, audio, job.sample_rate, fmt)
     headers = base_headers(job, output_rate(fmt, job.sample_rate))
     stats = job.stats.envelope(job.sample_rate, len(job.segments))
     headers["X-VoxMux-Stats"] = _compact(stats)
@@ -59,7 +60,7 @@ async def synth(body: SynthRequest, request: Request, service: ServiceDep,
                 request_id: RequestIdDep) -> Response:
     job, choice = lunavox.plan(service, body, body.input, request_id)
     audio = await synthesize_whole(service, job, request)
-    response = _one_shot(job, audio, body.response_format)
+    response = await _one_shot(job, audio, body.response_format)
     response.headers["X-Lunavox-Stats"] = _compact(lunavox.synth_stats(job, len(audio), choice))
     return response
 
@@ -97,7 +98,7 @@ async def legacy_tts(
         raise InvalidParameter(
             f"'format' must be one of {', '.join(FORMATS)}", param="format"
         )
-    return _one_shot(job, await synthesize_whole(service, job, request), format)
+    return await _one_shot(job, await synthesize_whole(service, job, request), format)
 
 
 @router.get("/api/tts/stream", responses=ERROR_RESPONSES | _AUDIO,

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 
 import pytest
 
+from app.audio import encode_whole
 from tests.conftest import LiveServer, decode
 
 TEXT = "Native synthesis returns one whole file. Its statistics ride in a header."
@@ -106,3 +108,22 @@ def test_legacy_route_rejects_bad_queries(server: LiveServer, params: dict[str, 
         response = http.get("/api/tts", params=params)
     assert response.status_code == 400
     assert response.json()["error"]["param"] == param
+
+
+def test_one_shot_encoding_runs_off_the_event_loop(
+        server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole clip's mp3 encoding must not stall the streams the event loop is serving."""
+    from app.routes import native
+
+    threads: list[int] = []
+
+    def recording(*args: object) -> bytes:
+        threads.append(threading.get_ident())
+        return encode_whole(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(native, "encode_whole", recording)
+    with server.client() as http:
+        reply = http.get("/api/tts", params={"text": unique(), "model": "espeak",
+                                             "format": "mp3"})
+    assert reply.status_code == 200 and decode(reply.content, "mp3").duration > 0.5
+    assert threads and server.thread.ident not in threads
