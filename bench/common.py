@@ -114,8 +114,58 @@ def _cpu_model() -> str:
 
 
 def load_average() -> list[float]:
-    """1, 5 and 15 minute load averages: other work on the machine skews every figure."""
+    """1, 5 and 15 minute load averages. They count the benchmark's own busy threads (8 client
+    threads make a load of 8), so `OtherWork` is the measure of other work on the machine."""
     return [round(x, 2) for x in os.getloadavg()]
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _machine_seconds() -> tuple[float, float]:
+    """Busy and stolen CPU seconds of the whole machine since boot, all CPUs (`/proc/stat`)."""
+    first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in first[1:9])
+    return (user + nice + system + irq + softirq) / _TICK, steal / _TICK
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a live process, its waited-for children, and every live process under it."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:  # gone since it was listed
+        return 0.0
+    seconds = sum(int(x) for x in fields[11:15]) / _TICK  # utime, stime, cutime, cstime
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            children = task.read_text().split()
+        except OSError:
+            continue
+        seconds += sum(tree_cpu_seconds(int(child)) for child in children)
+    return seconds
+
+
+class OtherWork:
+    """How much of the machine went to anything but this benchmark (its process and every
+    process under it: servers, helpers, the peer) and to the hypervisor, since construction."""
+
+    def __init__(self) -> None:
+        self._start = self._sample()
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float, float]:
+        busy, steal = _machine_seconds()
+        return busy, steal, tree_cpu_seconds(os.getpid()), time.monotonic()
+
+    def shares(self) -> dict[str, float]:
+        """`others`: CPU time of other processes, `steal`: time the hypervisor gave elsewhere,
+        each as a share of the machine's capacity over the interval."""
+        busy0, steal0, own0, t0 = self._start
+        busy1, steal1, own1, t1 = self._sample()
+        capacity = max(t1 - t0, 1e-9) * (os.cpu_count() or 1)
+        others = max(0.0, (busy1 - busy0) - (own1 - own0))
+        return {"others": round(others / capacity, 3),
+                "steal": round((steal1 - steal0) / capacity, 3)}
 
 
 def machine() -> dict[str, Any]:

@@ -5,11 +5,15 @@ order that rotates each round, so a burst of other work on the machine lands on 
 Throughput: `n` worker threads drain one shared list of requests; the figure is audio seconds per
 wall second. Audio seconds are counted with the raw engine's audio length for each text (its
 `reference`), so every system is credited the same for the same work and the ratios compare
-work done per second; the audio each system actually delivered is recorded beside it.
+work done per second; the audio each system actually delivered is recorded beside it. CPU
+seconds per audio second count this process and every process under it (the raw engine or the
+client, and the servers): time the hypervisor gives to other machines stretches the wall clock
+but not this, so it shows what each system costs even on a noisy host.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import statistics
 import threading
@@ -17,7 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from bench.common import SENTENCES, percentiles
+from bench.common import SENTENCES, percentiles, tree_cpu_seconds
 from bench.systems import Sample, System
 
 LENGTHS = {"short": 1, "medium": 5, "long": 20}
@@ -85,12 +89,14 @@ def throughput(system: System, workers: int, texts: Sequence[str],
                 delivered.append(sample.audio_s)
 
     threads = [threading.Thread(target=work, daemon=True) for _ in range(workers)]
+    cpu = tree_cpu_seconds(os.getpid())
     started = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     wall = time.perf_counter() - started
+    cpu = tree_cpu_seconds(os.getpid()) - cpu
     if errors:
         raise RuntimeError(f"{system.name} failed at concurrency {workers}") from errors[0]
     audio = sum(reference[t] for t in texts)
@@ -99,6 +105,7 @@ def throughput(system: System, workers: int, texts: Sequence[str],
         "wall_s": wall,
         "audio_s_per_s": audio / wall,
         "delivered_audio_s_per_s": sum(delivered) / wall,
+        "cpu_s_per_audio_s": cpu / audio,
     }
 
 
@@ -121,11 +128,13 @@ def throughput_levels(systems: Sequence[System], levels: Sequence[int], sentence
             wall = sum(p["wall_s"] for p in parts)
             audio = sum(p["audio_s_per_s"] * p["wall_s"] for p in parts)
             delivered = sum(p["delivered_audio_s_per_s"] * p["wall_s"] for p in parts)
+            cpu = sum(p["cpu_s_per_audio_s"] * p["audio_s_per_s"] * p["wall_s"] for p in parts)
             out[name][workers] = {
                 "requests": sum(p["requests"] for p in parts),
                 "wall_s": round(wall, 3),
                 "audio_s_per_s": round(audio / wall, 2),
                 "delivered_audio_s_per_s": round(delivered / wall, 2),
+                "cpu_s_per_audio_s": round(cpu / audio, 4),
                 "rounds": [p["audio_s_per_s"] for p in parts],
             }
             print(f"  {name:>10} x{workers}: {out[name][workers]}", flush=True)

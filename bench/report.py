@@ -80,10 +80,18 @@ def _machine(result: dict[str, Any]) -> str:
             f"Python {m['python']}, {m['date']}")
     phases = result.get("phases", {})
     if phases:
-        text += ". Load average (1/5/15 min) before and after each phase: " + "; ".join(
-            f"{name} at {p['at']}: {p['load_average']['before']} -> "
-            f"{p['load_average']['after']}" for name, p in phases.items())
+        text += (". Share of the machine's CPU taken by other processes and by the hypervisor "
+                 "(steal) during each phase: " + "; ".join(
+                     f"{name} at {p['at']}: {_other_work(p)}" for name, p in phases.items()))
     return text
+
+
+def _other_work(phase: dict[str, Any]) -> str:
+    other = phase.get("other_work")
+    if other is None:  # a phase kept from a run made before this was measured
+        return (f"not measured (load average {phase['load_average']['before']} -> "
+                f"{phase['load_average']['after']})")
+    return f"others {other['others']:.1%}, steal {other['steal']:.1%}"
 
 
 def summary(result: dict[str, Any]) -> str:
@@ -101,7 +109,7 @@ def summary(result: dict[str, Any]) -> str:
     compare = result.get("compare")
     if compare:
         lines += ["", *_latency_table(compare), "", *_ttfa_table(compare), "",
-                  *_throughput_table(compare)]
+                  *_throughput_table(compare), *_cpu_table(compare)]
     if result.get("cache"):
         lines += ["", *_cache_table(result["cache"])]
     if result.get("memory"):
@@ -171,6 +179,23 @@ def _throughput_table(compare: dict[str, Any]) -> list[str]:
                  *[_ratio(value[s], raw["audio_s_per_s"]) for s in others],
                  _ratio(value["voxmux"], value["peer"])]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return lines
+
+
+def _cpu_table(compare: dict[str, Any]) -> list[str]:
+    """CPU per audio second beside the throughput: the hypervisor's steal does not inflate it."""
+    systems = compare["throughput"]["systems"]
+    if "cpu_s_per_audio_s" not in next(iter(systems["raw"].values())):
+        return []  # a run made before this was measured
+    lines = ["", "CPU seconds per audio second in the same rounds (the benchmark's process and "
+             "every process under it: the raw engine or the HTTP client, and the servers). "
+             "Time the host gives to other machines stretches the wall clock, not this, so "
+             "VoxMux's cost over raw reads here without that noise.", "",
+             "| concurrency | raw | VoxMux | peer | VoxMux / raw |", "|---|---|---|---|---|"]
+    for level, raw in systems["raw"].items():
+        cpu = {s: systems[s][level]["cpu_s_per_audio_s"] for s in ("raw", "voxmux", "peer")}
+        lines.append(f"| {level} | {cpu['raw']:.4f} | {cpu['voxmux']:.4f} | {cpu['peer']:.4f} | "
+                     f"{_ratio(cpu['voxmux'], raw['cpu_s_per_audio_s'])} |")
     return lines
 
 

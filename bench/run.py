@@ -30,7 +30,14 @@ import httpx
 from app.settings import load_settings
 from bench import load, memory, peer
 from bench.cache_latency import CACHE_ON, cache_rows
-from bench.common import RESULTS, ROOT, load_average, voxmux_process, write_result
+from bench.common import (
+    RESULTS,
+    ROOT,
+    OtherWork,
+    load_average,
+    voxmux_process,
+    write_result,
+)
 from bench.systems import PeerClient, RawPiper, System, VoxMuxClient
 
 MB = 1_000_000
@@ -80,15 +87,18 @@ PHASES = ("compare", "cache", "memory")
 
 @contextmanager
 def phase(name: str, runs: dict[str, dict[str, Any]]) -> Iterator[None]:
-    """Times a phase and keeps the load average around it with its result."""
+    """Times a phase and keeps with its result how much of the machine other work took."""
     before = load_average()
     print(f"== {name} (load average {before})", flush=True)
     started = time.perf_counter()
+    other = OtherWork()
     yield
     runs[name] = {"seconds": round(time.perf_counter() - started, 1),
                   "at": time.strftime("%Y-%m-%d %H:%M"),
+                  "other_work": other.shares(),
                   "load_average": {"before": before, "after": load_average()}}
-    print(f"== {name} done in {runs[name]['seconds']} s", flush=True)
+    print(f"== {name} done in {runs[name]['seconds']} s, other work {runs[name]['other_work']}",
+          flush=True)
 
 
 def _previous(path: Path, quick: bool) -> dict[str, Any]:
