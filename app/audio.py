@@ -71,8 +71,14 @@ def to_pcm16(samples: npt.ArrayLike) -> bytes:
 
 
 def _pcm16(samples: npt.NDArray[np.float32]) -> npt.NDArray[np.int16]:
-    clipped = np.clip(np.nan_to_num(samples), -1.0, 1.0)
-    scaled: npt.NDArray[np.float32] = np.rint(clipped * np.float32(32767.0))
+    # In place on one new array, NaN (left alone by clip) zeroed last: less than half the time
+    # of nan_to_num first, and pcm is converted on the event loop.
+    scaled: npt.NDArray[np.float32] = np.clip(samples, -1.0, 1.0)
+    scaled *= np.float32(32767.0)
+    np.rint(scaled, out=scaled)
+    nan = np.isnan(scaled)
+    if nan.any():
+        scaled[nan] = 0.0
     return scaled.astype(np.int16)
 
 

@@ -33,9 +33,23 @@ def _status_kib(field: str, pid: Pid = "self") -> int | None:
     return None
 
 
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
 def rss_bytes(pid: Pid = "self") -> int | None:
-    """Resident set size now (VmRSS), or None where /proc has no such field."""
-    return _status_kib("VmRSS", pid)
+    """Resident set size now (the same count as VmRSS), or None where the process or `/proc`
+    is not there. Read from `/proc/<pid>/statm`, one short line: it is sampled on the event
+    loop after every segment, and `status` took three times as long to read and parse."""
+    try:
+        fd = os.open(f"/proc/{pid}/statm", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return int(os.read(fd, 256).split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return None
+    finally:
+        os.close(fd)
 
 
 def helpers_rss_bytes(pid: Pid = "self") -> int:

@@ -110,17 +110,20 @@ def throughput(system: System, workers: int, texts: Sequence[str],
 
 
 def throughput_levels(systems: Sequence[System], levels: Sequence[int], sentences: int,
-                      per_worker: int, minimum: int, rounds: int, reference: dict[str, float]
-                      ) -> dict[str, dict[int, dict[str, Any]]]:
-    """Every system at every concurrency; each level is run `rounds` times, the systems in a
-    rotating order each time, and the rounds are pooled (total audio over total wall time)."""
+                      per_worker: int, minimum: int, per_level: int,
+                      reference: dict[str, float]) -> dict[str, dict[int, dict[str, Any]]]:
+    """Every system at every concurrency. A round is `per_worker` requests per worker (at least
+    `minimum`); each level runs as many rounds as make `per_level` requests per system, so the
+    short rounds of low concurrency alternate often and host noise evens out there too. The
+    systems take turns in a rotating order; the rounds are pooled (total audio over total wall
+    time)."""
     out: dict[str, dict[int, dict[str, Any]]] = {s.name: {} for s in systems}
     turn = 0
     for workers in levels:
         count = max(minimum, per_worker * workers)
         texts = [text(sentences, k) for k in range(count)]
         runs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in systems}
-        for _ in range(rounds):
+        for _ in range(max(1, per_level // count)):
             for system in _rotated(systems, turn):
                 runs[system.name].append(throughput(system, workers, texts, reference))
             turn += 1

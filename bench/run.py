@@ -52,7 +52,8 @@ class Plan:
     per_worker: int
     """Throughput requests per worker and round at each level (at least `min_requests`)."""
     min_requests: int
-    throughput_rounds: int
+    throughput_requests: int
+    """Throughput requests per system at each level, in as many rounds as that takes."""
     single_slot_server: bool
     """Also measure a server at the cpu profile's default concurrency (1)."""
     cache_lengths: tuple[int, ...]
@@ -66,14 +67,14 @@ class Plan:
 
 
 FULL = Plan(
-    rounds={"short": 30, "medium": 16, "long": 8}, levels=(1, 2, 4, 8), throughput_sentences=5,
-    per_worker=2, min_requests=4, throughput_rounds=4, single_slot_server=True,
+    rounds={"short": 60, "medium": 20, "long": 10}, levels=(1, 2, 4, 8), throughput_sentences=5,
+    per_worker=2, min_requests=4, throughput_requests=64, single_slot_server=True,
     cache_lengths=(1, 5, 20), cache_rounds=2, memory_models=("piper", "kokoro", "espeak"),
     soak_models=("espeak", "piper"), soak_requests=1000, soak_warmup=100, soak_sample_every=50,
 )
 QUICK = Plan(
     rounds={"short": 3, "medium": 2, "long": 1}, levels=(1, 2), throughput_sentences=1,
-    per_worker=1, min_requests=2, throughput_rounds=1, single_slot_server=False,
+    per_worker=1, min_requests=2, throughput_requests=2, single_slot_server=False,
     cache_lengths=(1,), cache_rounds=1, memory_models=("piper", "espeak"),
     soak_models=("espeak",), soak_requests=100, soak_warmup=10, soak_sample_every=25,
 )
@@ -143,7 +144,7 @@ def compare(plan: Plan, logs: Path) -> dict[str, Any]:
         throughput_systems: list[System] = [raw, *clients]
         throughput = load.throughput_levels(
             throughput_systems, plan.levels, plan.throughput_sentences, plan.per_worker,
-            plan.min_requests, plan.throughput_rounds, reference,
+            plan.min_requests, plan.throughput_requests, reference,
         )
         rss = {"voxmux_piper_loaded_mb": round(vox.rss() / MB, 1),
                "peer_loaded_mb": round(peer_server.rss() / MB, 1)}

@@ -207,9 +207,12 @@ def test_unsupported_codec_rates_are_resampled(fmt: str, expected: int) -> None:
 
 
 def test_to_pcm16_clips_and_rounds_little_endian() -> None:
-    pcm = to_pcm16(np.array([0.0, 1.0, -1.0, 2.0, -3.0, 0.5, np.nan], dtype=np.float32))
+    samples = np.array([0.0, 1.0, -1.0, 2.0, -3.0, 0.5, np.nan, np.inf, -np.inf],
+                       dtype=np.float32)
+    pcm = to_pcm16(samples)
 
-    assert struct.unpack("<7h", pcm) == (0, 32767, -32767, 32767, -32767, 16384, 0)
+    assert struct.unpack("<9h", pcm) == (0, 32767, -32767, 32767, -32767, 16384, 0, 32767, -32767)
+    assert np.isnan(samples[6])  # the caller's samples are left as they were
 
 
 def test_encode_after_finish_is_an_error() -> None:

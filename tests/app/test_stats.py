@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import memory
@@ -115,6 +116,15 @@ def test_two_apps_in_one_process_keep_separate_metrics(tmp_path: Path) -> None:
     second = two.state.service.metrics.render().decode()
     assert 'voxmux_requests_total{model="espeak",status="done"} 1.0' in first
     assert "voxmux_requests_total{" not in second
+
+
+def test_rss_is_the_kernels_vmrss() -> None:
+    status = Path("/proc/self/status").read_text()
+    vmrss = next(int(line.split()[1]) * 1024 for line in status.splitlines()
+                 if line.startswith("VmRSS:"))
+    assert memory.rss_bytes() == pytest.approx(vmrss, abs=1 << 20)
+    assert memory.rss_bytes(os.getpid()) == pytest.approx(vmrss, abs=1 << 20)
+    assert memory.rss_bytes(2**22 + 1) is None  # above any pid the kernel hands out
 
 
 def test_memory_tracker_reports_rss_and_honest_vram() -> None:
