@@ -52,18 +52,22 @@ def rss_bytes(pid: Pid = "self") -> int | None:
         os.close(fd)
 
 
+def children(pid: Pid = "self") -> list[int]:
+    """Process ids of a process's live children, gathered from each of its threads."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            found += [int(child) for child in task.read_text().split()]
+        except OSError:  # the thread ended since the listing
+            continue
+    return found
+
+
 def helpers_rss_bytes(pid: Pid = "self") -> int:
     """Resident set size of a process's children: the helper processes engines start (the
     Japanese reader), whose memory leaves with them when the engines using them unload."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            children = task.read_text().split()
-        except OSError:
-            continue
-        for child in children:  # one may be gone since the listing: it counts 0
-            total += rss_bytes(child) or 0
-    return total
+    # A child may be gone since the listing: it counts 0.
+    return sum(rss_bytes(child) or 0 for child in children(pid))
 
 
 def rss_peak_bytes() -> int | None:

@@ -136,13 +136,7 @@ def tree_cpu_seconds(pid: int) -> float:
     except OSError:  # gone since it was listed
         return 0.0
     seconds = sum(int(x) for x in fields[11:15]) / _TICK  # utime, stime, cutime, cstime
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            children = task.read_text().split()
-        except OSError:
-            continue
-        seconds += sum(tree_cpu_seconds(int(child)) for child in children)
-    return seconds
+    return seconds + sum(tree_cpu_seconds(child) for child in memory.children(pid))
 
 
 class OtherWork:
