@@ -9,6 +9,7 @@ end), not the kernel's high-water mark, which belongs to the whole process.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import threading
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ def _status_kib(field: str, pid: Pid = "self") -> int | None:
     return None
 
 
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_PAGE = mmap.PAGESIZE
 
 
 def rss_bytes(pid: Pid = "self") -> int | None:

@@ -113,12 +113,6 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-def load_average() -> list[float]:
-    """1, 5 and 15 minute load averages. They count the benchmark's own busy threads (8 client
-    threads make a load of 8), so `OtherWork` is the measure of other work on the machine."""
-    return [round(x, 2) for x in os.getloadavg()]
-
-
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -141,7 +135,8 @@ def tree_cpu_seconds(pid: int) -> float:
 
 class OtherWork:
     """How much of the machine went to anything but this benchmark (its process and every
-    process under it: servers, helpers, the peer) and to the hypervisor, since construction."""
+    process under it: servers, helpers, the peer) and to the hypervisor, since construction.
+    The load average is no such measure: it counts the benchmark's own busy threads."""
 
     def __init__(self) -> None:
         self._start = self._sample()
@@ -164,8 +159,7 @@ class OtherWork:
 
 def machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "cpu_model": _cpu_model(), "platform": platform.platform(),
-            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
-            "load_average": load_average()}
+            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
 
 
 def write_result(name: str, data: dict[str, Any], folder: Path = RESULTS) -> Path:

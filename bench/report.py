@@ -89,8 +89,7 @@ def _machine(result: dict[str, Any]) -> str:
 def _other_work(phase: dict[str, Any]) -> str:
     other = phase.get("other_work")
     if other is None:  # a phase kept from a run made before this was measured
-        return (f"not measured (load average {phase['load_average']['before']} -> "
-                f"{phase['load_average']['after']})")
+        return "not measured"
     return f"others {other['others']:.1%}, steal {other['steal']:.1%}"
 
 

@@ -34,7 +34,6 @@ from bench.common import (
     RESULTS,
     ROOT,
     OtherWork,
-    load_average,
     voxmux_process,
     write_result,
 )
@@ -89,15 +88,13 @@ PHASES = ("compare", "cache", "memory")
 @contextmanager
 def phase(name: str, runs: dict[str, dict[str, Any]]) -> Iterator[None]:
     """Times a phase and keeps with its result how much of the machine other work took."""
-    before = load_average()
-    print(f"== {name} (load average {before})", flush=True)
+    print(f"== {name}", flush=True)
     started = time.perf_counter()
     other = OtherWork()
     yield
     runs[name] = {"seconds": round(time.perf_counter() - started, 1),
                   "at": time.strftime("%Y-%m-%d %H:%M"),
-                  "other_work": other.shares(),
-                  "load_average": {"before": before, "after": load_average()}}
+                  "other_work": other.shares()}
     print(f"== {name} done in {runs[name]['seconds']} s, other work {runs[name]['other_work']}",
           flush=True)
 
@@ -184,7 +181,6 @@ def main() -> None:
     for name in args.skip:
         if name in previous:
             result[name] = previous[name]
-    load_before = load_average()
     if "compare" not in args.skip:
         with phase("compare", runs):
             result["compare"] = compare(plan, logs)
@@ -200,7 +196,6 @@ def main() -> None:
     for name in list(runs):
         if name not in result:
             del runs[name]
-    result["load_average"] = {"before": load_before, "after": load_average()}
     path = write_result("run", result, folder)
     from bench import report  # matplotlib is imported only once there is something to plot
 
