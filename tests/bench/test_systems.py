@@ -37,7 +37,7 @@ class _ClosingHandler(BaseHTTPRequestHandler):
 
 
 class _ClosingServer(ThreadingHTTPServer):
-    closed = threading.Semaphore(0)
+    closed: threading.Semaphore
     """Released each time a connection has been shut down."""
 
     def shutdown_request(self, request: object) -> None:
