@@ -9,14 +9,14 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
 
-from app import errors
-from app.auth import Authenticator, install_log_redaction, require_synthesis, resolve_keys
-from app.catalogue import Catalogue, ModelEntry
-from app.limits import BodyLimitMiddleware, WebSocketSendTimeout
-from app.requestid import RequestIdMiddleware
+from app.http import errors
+from app.http.auth import Authenticator, install_log_redaction, require_synthesis, resolve_keys
+from app.http.limits import BodyLimitMiddleware, WebSocketSendTimeout
+from app.http.requestid import RequestIdMiddleware
 from app.routes import cancel, health, models, monitoring, native, session, speech, studio, ws
-from app.scheduler import Scheduler
-from app.serving import SpeechService
+from app.serving.catalogue import Catalogue, ModelEntry
+from app.serving.scheduler import Scheduler
+from app.serving.service import SpeechService
 from app.settings import Settings
 from engines.base import Engine
 from engines.espeak import EspeakEngine

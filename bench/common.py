@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from app import memory
+from app.serving import memory
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

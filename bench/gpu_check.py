@@ -30,10 +30,10 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 
 import soundfile  # noqa: E402
 
-from app.catalogue import Catalogue, ModelEntry  # noqa: E402
-from app.doctor import nvml_report  # noqa: E402
+from app.cli.doctor import nvml_report  # noqa: E402
 from app.main import ENGINES, runtime_options  # noqa: E402
-from app.memory import NVML  # noqa: E402
+from app.serving.catalogue import Catalogue, ModelEntry  # noqa: E402
+from app.serving.memory import NVML  # noqa: E402
 from app.settings import Settings, load_settings  # noqa: E402
 from engines.base import SynthesisRequest  # noqa: E402
 from engines.onnx import (  # noqa: E402

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from app.main import runtime_options
 from app.settings import Settings
-from app.textsplit import split_text
+from app.text.split import split_text
 from engines.base import SynthesisRequest
 from engines.piper import PiperEngine
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from dotenv import dotenv_values
 
-from app.cli import build_parser, resolve_settings
+from app.cli.main import build_parser, resolve_settings
 from app.settings import PROFILES_DIR, Settings, load_settings
 
 PROFILES = {"cpu": 8100, "gpu": 8101, "legacy-gpu": 8102}
@@ -132,7 +132,7 @@ def test_cli_env_var_beats_profile_file(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_cli_unknown_profile_exits_with_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    from app.cli import main
+    from app.cli.main import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["serve", "--profile", "nope"])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.deps import ServiceDep
-from app.protocol import ERROR_RESPONSES
+from app.http.deps import ServiceDep
+from app.protocols.schemas import ERROR_RESPONSES
 from engines.base import VoxMuxError
 
 router = APIRouter(tags=["speech"])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from app.deps import ServiceDep
-from app.protocol import Health, HealthStatus
+from app.http.deps import ServiceDep
+from app.protocols.schemas import Health, HealthStatus
 
 router = APIRouter(tags=["health"])
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query
 
-from app.auth import require_admin
-from app.catalogue import CREATED, ModelEntry
-from app.deps import ServiceDep
-from app.protocol import (
+from app.http.auth import require_admin
+from app.http.deps import ServiceDep
+from app.protocols.schemas import (
     ERROR_RESPONSES,
     ModelCard,
     ModelList,
@@ -18,8 +17,9 @@ from app.protocol import (
     VoiceCard,
     VoiceList,
 )
-from app.rescan import rescan_models
-from app.serving import SpeechService
+from app.serving.catalogue import CREATED, ModelEntry
+from app.serving.rescan import rescan_models
+from app.serving.service import SpeechService
 from engines.frontend.detect import language_matches
 
 router = APIRouter(tags=["models"])

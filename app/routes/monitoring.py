@@ -5,12 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
-from app.auth import require_admin, require_synthesis
-from app.deps import ServiceDep
-from app.memory import process_memory
-from app.metrics import CONTENT_TYPE
-from app.protocol import ERROR_RESPONSES
-from app.serving import SpeechService
+from app.http.auth import require_admin, require_synthesis
+from app.http.deps import ServiceDep
+from app.protocols.schemas import ERROR_RESPONSES
+from app.serving.memory import process_memory
+from app.serving.metrics import CONTENT_TYPE
+from app.serving.service import SpeechService
 
 router = APIRouter(tags=["monitoring"])
 

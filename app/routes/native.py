@@ -3,8 +3,8 @@
 
 A one-shot clip is synthesized whole before the response starts, so every failure keeps its
 status and the stats headers can hold end-of-request figures. A client that hangs up meanwhile
-cancels it. `/v1/synth` also speaks LunaVox (app.lunavox): its fields in, `X-Lunavox-Stats` out;
-the legacy routes take HayaKoe's `speaker_name` as another name for `voice`.
+cancels it. `/v1/synth` also speaks LunaVox (app.protocols.lunavox): its fields in,
+`X-Lunavox-Stats` out; the legacy routes take HayaKoe's `speaker_name` as another name for `voice`.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import numpy as np
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from app import lunavox
-from app.audio import CONTENT_TYPES, FORMATS, encode_whole, output_rate
-from app.deps import RequestIdDep, ServiceDep, SettingsDep
-from app.protocol import ERROR_RESPONSES, SynthRequest
-from app.responses import audio_response, base_headers, cancel_on_disconnect, first_chunk
-from app.serving import SpeechJob, SpeechService
+from app.audio.encoders import CONTENT_TYPES, FORMATS, encode_whole, output_rate
+from app.http.deps import RequestIdDep, ServiceDep, SettingsDep
+from app.protocols import lunavox
+from app.protocols.openai import audio_response, base_headers, cancel_on_disconnect, first_chunk
+from app.protocols.schemas import ERROR_RESPONSES, SynthRequest
+from app.serving.service import SpeechJob, SpeechService
 from engines.base import Audio, InvalidParameter
 
 router = APIRouter(tags=["speech"])

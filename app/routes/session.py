@@ -8,8 +8,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from app.auth import COOKIE, MESSAGE, InvalidApiKey, authenticator
-from app.protocol import ERROR_RESPONSES, SessionRequest
+from app.http.auth import COOKIE, MESSAGE, InvalidApiKey, authenticator
+from app.protocols.schemas import ERROR_RESPONSES, SessionRequest
 
 router = APIRouter(tags=["auth"])
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from app.deps import RequestIdDep, ServiceDep
-from app.protocol import ERROR_RESPONSES, SpeechRequest
-from app.responses import audio_response, first_chunk, sse_response
+from app.http.deps import RequestIdDep, ServiceDep
+from app.protocols.openai import audio_response, first_chunk, sse_response
+from app.protocols.schemas import ERROR_RESPONSES, SpeechRequest
 
 router = APIRouter(tags=["speech"])
 

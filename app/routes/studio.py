@@ -17,12 +17,13 @@ from fastapi import APIRouter, Depends, FastAPI, Form, Request
 from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from app.auth import authenticator
-from app.deps import RequestIdDep, ServiceDep
+from app.http.auth import authenticator
+from app.http.deps import RequestIdDep, ServiceDep
 from app.routes.monitoring import stats_report
-from app.serving import SpeechService
+from app.serving.service import SpeechService
 from app.settings import ROOT
-from app.studio import (
+from app.studio.templating import Pages
+from app.studio.view import (
     FORMATS,
     GENDERS,
     ClipStore,
@@ -34,7 +35,6 @@ from app.studio import (
     synthesize,
     voice_view,
 )
-from app.templating import Pages
 from engines.base import InvalidParameter, VoxMuxError
 
 TEMPLATES = ROOT / "web" / "templates"

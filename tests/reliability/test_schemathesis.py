@@ -22,7 +22,7 @@ import schemathesis
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 
-from app.auth import COOKIE
+from app.http.auth import COOKIE
 from app.main import create_app
 from app.settings import Settings
 from tests.conftest import LiveServer, decode, start_server, test_settings

@@ -1,0 +1,72 @@
+"""The `voxmux` command.
+
+`voxmux serve [--profile NAME] [--host H] [--port P]` starts the server;
+`voxmux doctor [--profile NAME] [--json] [--strict]` checks the installation.
+The profile comes from `--profile`, else `VOXMUX_PROFILE`, else `cpu`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import uvicorn
+
+from app.cli import doctor
+from app.cli.logs import configure_logging
+from app.main import create_app
+from app.settings import Settings, load_settings
+from engines import heap
+
+DEFAULT_PROFILE = "cpu"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="voxmux", description="VoxMux text-to-speech gateway")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="start the HTTP server")
+    _add_profile(serve)
+    serve.add_argument("--host", help="bind address (env VOXMUX_HOST)")
+    serve.add_argument("--port", type=int, help="port (env VOXMUX_PORT)")
+    check = commands.add_parser(
+        "doctor", help="check Python, onnxruntime, GPU, models, voices and writable dirs"
+    )
+    _add_profile(check)
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.add_argument("--strict", action="store_true",
+                       help="exit non-zero on warnings too (e.g. a GPU profile running on CPU)")
+    return parser
+
+
+def _add_profile(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--profile",
+        help=f"deployment profile: cpu, gpu or legacy-gpu (default: env VOXMUX_PROFILE, else "
+             f"{DEFAULT_PROFILE})",
+    )
+
+
+def resolve_settings(args: argparse.Namespace) -> Settings:
+    """Settings for parsed arguments: flags beat environment variables beat the profile file."""
+    profile = args.profile or os.environ.get("VOXMUX_PROFILE") or DEFAULT_PROFILE
+    flags = {name: getattr(args, name, None) for name in ("host", "port")}
+    return load_settings(profile, **{k: v for k, v in flags.items() if v is not None})
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = resolve_settings(args)
+    except ValueError as exc:  # an unknown profile, or a value pydantic refuses
+        parser.error(str(exc))
+    if args.command == "doctor":
+        raise SystemExit(doctor.run(settings, as_json=args.json, strict=args.strict))
+    configure_logging(settings)
+    heap.limit_arenas()  # before uvicorn and the engines start their threads
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
+                log_level=settings.log_level, log_config=None, ws_max_size=1 << 20)
+
+
+if __name__ == "__main__":
+    main()

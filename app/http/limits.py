@@ -1,0 +1,100 @@
+"""Bounds on what one client can make the server hold: its request body, its unread frames.
+
+Every route parses its whole body before validating it, so without a bound one large POST could
+take as much memory as it likes before `max_input_chars` ever refuses it. A declared
+`Content-Length` over the bound is answered 413 at once; a chunked body is counted as it arrives
+and refused as soon as it passes the bound.
+
+A WebSocket client that stops reading blocks every frame sent to it, and uvicorn never drops
+such a connection itself (its close waits for a flush that never comes), so the session would
+keep its connection place forever. A send that waits too long ends the session instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.http.errors import error_response
+from engines.base import VoxMuxError
+
+log = logging.getLogger(__name__)
+
+
+class RequestTooLarge(VoxMuxError, HTTPException):
+    """The request body is over `max_request_bytes`.
+
+    Also an `HTTPException`: FastAPI turns anything else raised while it reads a body into a
+    400, but lets these through to the handlers (which find VoxMuxError's first).
+    """
+
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+    def __init__(self, limit: int) -> None:
+        message = f"The request body is larger than the {limit} bytes this server accepts"
+        VoxMuxError.__init__(self, message)
+        self.status_code, self.detail, self.headers = self.status, message, None
+
+
+class BodyLimitMiddleware:
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await error_response(RequestTooLarge(self.max_bytes))(scope, receive, send)
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise RequestTooLarge(self.max_bytes)  # the app's handler answers 413
+            return message
+
+        await self.app(scope, counted, send)
+
+
+class ClientStalled(OSError):
+    """A frame waited past the send timeout: the client stopped reading.
+
+    An OSError, which Starlette's WebSocket turns into `WebSocketDisconnect(1006)`: the session
+    ends as if the client had left, without trying to send it anything more.
+    """
+
+
+class WebSocketSendTimeout:
+    def __init__(self, app: ASGIApp, seconds: float) -> None:
+        self.app = app
+        self.seconds = seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "websocket":
+            await self.app(scope, receive, send)
+            return
+
+        async def timed(message: Message) -> None:
+            if message["type"] != "websocket.send":
+                await send(message)
+                return
+            try:
+                async with asyncio.timeout(self.seconds):
+                    await send(message)
+            except TimeoutError:
+                log.info("ws: the client read nothing for %g s; the session ends", self.seconds)
+                raise ClientStalled(f"the client read nothing for {self.seconds:g} s") from None
+
+        await self.app(scope, receive, timed)

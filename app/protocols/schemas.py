@@ -1,0 +1,220 @@
+"""Request and response bodies of the HTTP API (pydantic models only)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+
+from engines.registry import ModelStatus
+
+ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @field_validator("*")
+    @classmethod
+    def _encodable(cls, value: Any) -> Any:
+        # A JSON escape like "\ud800" smuggles in a lone surrogate that no encoder downstream
+        # (cache key, engine, error body) accepts: refuse it here, as a 400.
+        if isinstance(value, str):
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                raise ValueError("text must be valid Unicode, not a lone surrogate") from None
+        return value
+
+
+class VoiceRef(Strict):
+    id: str = Field(min_length=1)
+
+
+def voice_id(voice: str | VoiceRef | None) -> str | None:
+    return voice.id if isinstance(voice, VoiceRef) else voice
+
+
+class SpeechOptions(Strict):
+    """The speech fields every VoxMux route shares, without the text."""
+
+    model: str = Field(min_length=1)
+    voice: str | VoiceRef | None = None
+    instructions: str | None = None
+    speed: float = Field(1.0, ge=0.25, le=4.0)
+    language: str | None = Field(None, description="Override the detected language (e.g. ja)")
+
+    @property
+    def voice_id(self) -> str | None:
+        return voice_id(self.voice)
+
+
+class SpeechRequest(SpeechOptions):
+    """OpenAI's `POST /v1/audio/speech` body, plus `language`; `text` is an alias of `input`."""
+
+    input: str = Field(validation_alias=AliasChoices("input", "text"))
+    response_format: ResponseFormat = "mp3"
+    stream_format: Literal["audio", "sse"] = "audio"
+
+
+class SynthOptions(Strict):
+    """LunaVox's request fields without the text: `POST /v1/synth`, `WS /v1/stream`, and the
+    init frame of `WS /v1/stream/text`. `voice` is a LunaVox mode word or a voice id
+    (app.protocols.lunavox); the sampling fields are accepted and reported as ignored."""
+
+    model: str | None = Field(None, min_length=1, description="Model id or alias (VoxMux's)")
+    voice: str | VoiceRef | None = Field(
+        None, description="base, custom (with speaker), clone, design, or a voice id"
+    )
+    speaker: str | None = Field(None, description="Voice id for voice=custom")
+    instructions: str | None = None
+    speed: float = Field(1.0, ge=0.25, le=4.0)
+    language: str | None = Field(None, description="Override the detected language (e.g. ja)")
+    instruct: str | None = None
+    reference: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+
+    @property
+    def voice_id(self) -> str | None:
+        return voice_id(self.voice)
+
+
+class StreamRequest(SynthOptions):
+    """The one request frame of `WS /v1/stream`: the options and the text."""
+
+    input: str = Field(validation_alias=AliasChoices("input", "text"))
+
+
+class SynthRequest(StreamRequest):
+    """`POST /v1/synth`: the speech fields, one WAV file back; `model` defaults per settings."""
+
+    response_format: Literal["wav"] = "wav"
+
+
+class StreamFragment(Strict):
+    """A frame after the init frame on `WS /v1/stream/text`: text to append, or the end."""
+
+    text: str = ""
+    end: bool = False
+
+
+class SessionRequest(Strict):
+    """`POST /v1/auth/session`: trade an API key for a browser session cookie."""
+
+    key: str
+
+
+WsAudioFormat = Literal["pcm_s16le", "wav"]
+
+
+class WsOptions(SpeechOptions):
+    """First frame of `WS /ws/v1/tts/text`: the speech options, without text."""
+
+    format: WsAudioFormat = Field(
+        "pcm_s16le", description="Raw s16le mono, or the same preceded by one WAV header frame"
+    )
+    binary: bool = Field(True, description="False: audio as base64 in JSON `audio` frames")
+
+
+class WsSpeechRequest(WsOptions):
+    """The one request frame of `WS /ws/v1/tts`: the speech fields plus `format` and `binary`."""
+
+    input: str = Field(validation_alias=AliasChoices("input", "text"))
+
+
+class WsTextMessage(Strict):
+    """A frame after the options on `WS /ws/v1/tts/text`: text to append, then the command."""
+
+    type: Literal["text", "flush", "end", "cancel"] = "text"
+    text: str = ""
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "voxmux"
+    engine: str
+    status: ModelStatus
+    installed: bool = True
+    aliases: list[str] = []
+    description: str = ""
+    default_voice: str = ""
+    error: str | None = None
+    voice_errors: dict[str, str] = {}
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class VoiceCard(BaseModel):
+    id: str
+    name: str
+    language: str
+    gender: str
+    model: str
+
+
+class VoiceList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[VoiceCard]
+
+
+class SwitchRequest(Strict):
+    model: str = Field(min_length=1)
+    unload_previous: bool = True
+
+
+class SwitchResponse(BaseModel):
+    model: str
+    previous: str | None
+    previous_unloaded: bool
+    previous_busy: bool
+    status: ModelStatus
+
+
+class ModelRescanCard(BaseModel):
+    model: str
+    added: list[str]
+    removed: list[str]
+    changed: list[str]
+    """Voices whose files were replaced under the same id."""
+    voice_errors: dict[str, str]
+    cache_cleared: int
+
+
+class RescanResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelRescanCard]
+
+
+HealthStatus = Literal["ok", "idle", "loading", "degraded"]
+
+
+class Health(BaseModel):
+    status: HealthStatus
+    profile: str
+    models: dict[str, dict[str, Any]]
+    warnings: list[str] = []
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 409, 429, 500, 503)
+}

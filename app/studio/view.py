@@ -1,0 +1,245 @@
+"""What the Studio shows: models, voice groups, and the clips it synthesizes for its player.
+
+Everything here reads the same speech service, registry and stats the API routes use; the Studio
+never calls the API over HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import dataclass, field
+
+import numpy as np
+from cachetools import TTLCache
+
+from app.audio.encoders import CONTENT_TYPES, encode_whole
+from app.serving.service import SpeechService
+from engines.base import InvalidParameter, Voice
+from engines.frontend.detect import language_matches
+
+FORMATS = ("mp3", "opus", "aac", "flac", "wav")
+"""Formats the Studio offers: raw `pcm` is left out because no browser can play it."""
+RECENT_LIMIT = 8
+"""Voices kept in the "last used" group (the list itself lives in the browser)."""
+GENDERS = ("female", "male", "unknown")
+
+
+def voice_key(model: str, voice: str) -> str:
+    return f"{model}:{voice}"
+
+
+def parse_keys(raw: str, limit: int = 200) -> list[tuple[str, str]]:
+    """`model:voice,model:voice` from the browser's localStorage -> pairs, deduplicated."""
+    pairs: list[tuple[str, str]] = []
+    for item in raw.split(","):
+        model, sep, voice = item.strip().partition(":")
+        if sep and model and voice and (model, voice) not in pairs:
+            pairs.append((model, voice))
+    return pairs[:limit]
+
+
+@dataclass(frozen=True)
+class Filters:
+    model: str = ""
+    language: str = ""
+    """A language code, matched as `GET /v1/audio/voices` does: `en` takes en-us and en-gb."""
+    gender: str = ""
+    """`female`, `male`, `unknown` (not stated) or empty for any."""
+    query: str = ""
+
+    def matches(self, voice: Voice) -> bool:
+        if self.model and voice.model != self.model:
+            return False
+        if self.language and not language_matches(voice.language, self.language):
+            return False
+        if self.gender and (voice.gender or "unknown") != self.gender:
+            return False
+        needle = self.query.strip().casefold()
+        haystack = f"{voice.id} {voice.name} {voice.language} {voice.model}".casefold()
+        return all(word in haystack for word in needle.split())
+
+
+@dataclass(frozen=True)
+class VoiceGroup:
+    key: str
+    title: str
+    voices: list[Voice]
+
+
+@dataclass(frozen=True)
+class VoiceView:
+    groups: list[VoiceGroup]
+    matched: int
+    total: int
+    favourites: frozenset[str]
+
+
+def all_voices(service: SpeechService) -> list[Voice]:
+    return [v for model_id in service.catalogue.models for v in service.engines[model_id].voices()]
+
+
+def language_names(voices: list[Voice]) -> dict[str, str]:
+    """Readable names of language codes, taken from voices named after their language (eSpeak's)."""
+    return {v.language: v.name.replace("_", " ") for v in voices if v.id == v.language}
+
+
+def language_label(code: str, names: dict[str, str]) -> str:
+    if not code:
+        return "Language not stated"
+    name = names.get(code)
+    return f"{name} ({code})" if name and name != code else code
+
+
+def languages(voices: list[Voice]) -> list[tuple[str, str]]:
+    """(code, label) of every language spoken by some voice, sorted by label."""
+    names = language_names(voices)
+    codes = {v.language for v in voices if v.language}
+    return sorted(((c, language_label(c, names)) for c in codes), key=lambda p: p[1].casefold())
+
+
+def voice_view(service: SpeechService, filters: Filters, favourites: list[tuple[str, str]],
+               recent: list[tuple[str, str]]) -> VoiceView:
+    voices = all_voices(service)
+    known = {voice_key(v.model, v.id): v for v in voices}
+
+    def pick(pairs: list[tuple[str, str]]) -> list[Voice]:
+        # A recent voice may be a blend or an alias that no listing holds; it still shows.
+        chosen = [known.get(voice_key(m, v)) or Voice(id=v, name=v, model=m) for m, v in pairs
+                  if m in service.catalogue.models]
+        return [v for v in chosen if filters.matches(v)]
+
+    matched = [v for v in voices if filters.matches(v)]
+    names = language_names(voices)
+    by_language: dict[str, list[Voice]] = {}
+    for voice in matched:
+        by_language.setdefault(voice.language, []).append(voice)
+    groups = [
+        VoiceGroup("favourites", "Favourites", pick(favourites)),
+        VoiceGroup("recent", "Last used", pick(recent[:RECENT_LIMIT])),
+    ]
+    groups += sorted(
+        (VoiceGroup(f"lang-{code or 'none'}", language_label(code, names), members)
+         for code, members in by_language.items()),
+        key=lambda g: g.title.casefold(),
+    )
+    return VoiceView(
+        groups=groups,
+        matched=len(matched),
+        total=len(voices),
+        favourites=frozenset(voice_key(m, v) for m, v in favourites),
+    )
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    id: str
+    engine: str
+    description: str
+    status: str
+    error: str | None
+    refcount: int
+    load_seconds: float | None
+    voices: int
+    default_voice: str
+    aliases: tuple[str, ...]
+    current: bool
+
+
+def model_rows(service: SpeechService) -> list[ModelRow]:
+    states = service.registry.status()
+    current = service.registry.current
+    rows = []
+    for entry in service.catalogue.models.values():
+        state = states[entry.id]
+        rows.append(ModelRow(
+            id=entry.id,
+            engine=entry.engine,
+            description=entry.description,
+            status=str(state.status),
+            error=state.error,
+            refcount=state.refcount,
+            load_seconds=state.load_seconds,
+            voices=len(service.engines[entry.id].voices()),
+            default_voice=entry.default_voice,
+            aliases=entry.aliases,
+            current=entry.id == current,
+        ))
+    return rows
+
+
+@dataclass(frozen=True)
+class Clip:
+    id: str
+    data: bytes
+    format: str
+    model: str
+    voice: str
+    sample_rate: int
+    stats: dict[str, object]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def content_type(self) -> str:
+        return CONTENT_TYPES[self.format]
+
+    @property
+    def filename(self) -> str:
+        voice = "".join(c if c.isalnum() or c in "-_" else "_" for c in self.voice)
+        return f"voxmux-{self.model}-{voice}.{'ogg' if self.format == 'opus' else self.format}"
+
+
+class ClipStore:
+    """The last clips the Studio made, kept for its player and download link, bounded in bytes."""
+
+    def __init__(self, max_items: int = 32, max_bytes: int = 64 << 20, ttl: float = 3600) -> None:
+        self.max_items = max_items
+        self._clips: TTLCache[str, Clip] = TTLCache(
+            maxsize=max_bytes, ttl=ttl, getsizeof=lambda clip: max(len(clip.data), 1)
+        )
+
+    def put(self, clip: Clip) -> bool:
+        if len(clip.data) > self._clips.maxsize:
+            return False
+        self._clips[clip.id] = clip
+        while len(self._clips) > self.max_items:
+            self._clips.popitem()
+        return True
+
+    def get(self, clip_id: str) -> Clip | None:
+        return self._clips.get(clip_id)
+
+    def __len__(self) -> int:
+        return len(self._clips)
+
+
+def new_clip_id() -> str:
+    return secrets.token_urlsafe(12)
+
+
+async def synthesize(service: SpeechService, *, model: str, text: str, voice: str | None,
+                     speed: float, fmt: str, request_id: str) -> Clip:
+    """One whole clip through the speech service, as `POST /v1/audio/speech` would make it."""
+    if fmt not in FORMATS:
+        raise InvalidParameter(
+            f"The Studio plays {', '.join(FORMATS)}; '{fmt}' is not one of them", param="format"
+        )
+    job = service.plan(model=model, text=text, voice=voice or None, speed=speed,
+                       request_id=request_id)
+    stream = service.run(job)
+    try:
+        chunks = [chunk async for chunk in stream]
+    finally:
+        await stream.aclose()
+    samples = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
+    data = await asyncio.to_thread(encode_whole, samples, job.sample_rate, fmt)
+    return Clip(
+        id=new_clip_id(),
+        data=data,
+        format=fmt,
+        model=job.model.id,
+        voice=job.voice,
+        sample_rate=job.sample_rate,
+        stats=job.stats.envelope(job.sample_rate, len(job.segments)),
+        warnings=list(job.warnings),
+    )
