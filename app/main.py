@@ -79,7 +79,7 @@ async def _preload(app: FastAPI, service: SpeechService) -> None:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
-    catalogue = Catalogue.load(settings.catalogue)
+    catalogue = Catalogue.load(settings.catalogue_path)
     runtime = runtime_options(settings)
     check_providers(runtime)  # a missing CUDA shows in /health before the first model loads
     engines = build_engines(settings, catalogue, runtime)

@@ -6,14 +6,14 @@ win over the profile's values.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-ROOT = Path(__file__).resolve().parent.parent
-PROFILES_DIR = ROOT / "config" / "profiles"
+from app.resources import CONFIG
 
 
 def _split_csv(value: Any) -> Any:
@@ -43,13 +43,17 @@ class Settings(BaseSettings):
     """When set, `voxmux serve` also writes its log to `<log_dir>/voxmux.log` (rotated at 10 MiB,
     five files kept); the docker images point it at the logs volume."""
 
-    catalogue: Path = ROOT / "config" / "models.toml"
-    """Model catalogue: models, aliases and OpenAI voice-name mappings."""
-    models_dir: Path = ROOT / "models"
-    """User models: `kokoro/` voice packs, `piper/` `.onnx` + `.onnx.json` pairs."""
-    cache_dir: Path = ROOT / "var" / "cache"
+    config_dir: Path = CONFIG
+    """Directory of `models.toml` and `profiles/`; default: the copy installed with VoxMux. Read
+    from the environment before a profile is, so the profiles can come from here too."""
+    catalogue: Path | None = None
+    """Model catalogue (models, aliases, OpenAI voice names); default: `config_dir/models.toml`."""
+    models_dir: Path = Path("models")
+    """User models: `kokoro/` voice packs, `piper/` `.onnx` + `.onnx.json` pairs (relative paths
+    are taken from the working directory)."""
+    cache_dir: Path = Path("var/cache")
     """Writable dir for assembled weights (the Kokoro ONNX file is joined here once)."""
-    credentials_dir: Path = ROOT / "var" / "credentials"
+    credentials_dir: Path = Path("var/credentials")
     """Where `api_keys=auto` keeps its generated key (mode 0600)."""
 
     preload: Annotated[list[str], NoDecode] = ["kokoro"]
@@ -129,14 +133,23 @@ class Settings(BaseSettings):
     def _csv(cls, value: Any) -> Any:
         return _split_csv(value)
 
+    @property
+    def catalogue_path(self) -> Path:
+        return self.catalogue or self.config_dir / "models.toml"
+
     def ttl_for(self, model_id: str) -> float:
         return self.model_ttl.get(model_id, self.idle_ttl)
 
 
+def profiles_dir() -> Path:
+    return Path(os.environ.get("VOXMUX_CONFIG_DIR") or CONFIG) / "profiles"
+
+
 def profile_path(name: str) -> Path:
-    path = PROFILES_DIR / f"{name}.env"
+    folder = profiles_dir()
+    path = folder / f"{name}.env"
     if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.env")))
+        known = ", ".join(sorted(p.stem for p in folder.glob("*.env")))
         raise ValueError(f"unknown profile '{name}' (known: {known})")
     return path
 

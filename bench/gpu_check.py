@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.providers:
         overrides["providers"] = args.providers
     settings = load_settings(args.profile, **overrides)
-    catalogue = Catalogue.load(settings.catalogue)
+    catalogue = Catalogue.load(settings.catalogue_path)
     wanted = args.models.split(",") if args.models else list(catalogue.models)
     unknown = [m for m in wanted if m not in catalogue.models]
     if unknown:

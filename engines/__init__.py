@@ -1,0 +1,1 @@
+"""Engine adapters and their lifecycle; nothing here knows HTTP (see engines/base.py)."""

@@ -10,7 +10,7 @@ import pytest
 from dotenv import dotenv_values
 
 from app.cli.main import build_parser, resolve_settings
-from app.settings import PROFILES_DIR, Settings, load_settings
+from app.settings import Settings, load_settings, profiles_dir
 
 PROFILES = {"cpu": 8100, "gpu": 8101, "legacy-gpu": 8102}
 CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
@@ -25,12 +25,12 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def entries(profile: str) -> dict[str, str]:
-    values = dotenv_values(PROFILES_DIR / f"{profile}.env")
+    values = dotenv_values(profiles_dir() / f"{profile}.env")
     return {key: value for key, value in values.items() if value is not None}
 
 
 def test_every_profile_file_exists_and_only_those() -> None:
-    assert {p.stem for p in PROFILES_DIR.glob("*.env")} == set(PROFILES)
+    assert {p.stem for p in profiles_dir().glob("*.env")} == set(PROFILES)
 
 
 @pytest.mark.parametrize("profile", PROFILES)

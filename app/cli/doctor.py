@@ -21,7 +21,7 @@ from typing import Any
 from app.http.auth import KEY_FILE
 from app.main import ENGINES, runtime_options
 from app.serving.catalogue import Catalogue, ModelEntry
-from app.settings import PROFILES_DIR, Settings
+from app.settings import Settings, profiles_dir
 from engines import kokoro
 from engines.onnx import available_providers, probe_providers, runtime_package, runtime_version
 
@@ -81,7 +81,7 @@ def _python(found: Findings) -> dict[str, Any]:
 
 
 def _profile(settings: Settings) -> dict[str, Any]:
-    path = PROFILES_DIR / f"{settings.profile}.env"
+    path = profiles_dir() / f"{settings.profile}.env"
     names = [*KEY_SETTINGS,
              *(n for n in Settings.model_fields if n.startswith("cache_") and n != "cache_dir")]
     shown = settings.model_dump(mode="json", include=set(names))
@@ -149,9 +149,9 @@ def _nvml(settings: Settings, found: Findings) -> dict[str, Any]:
 
 def _models(settings: Settings, found: Findings) -> dict[str, Any]:
     try:
-        catalogue = Catalogue.load(settings.catalogue)
+        catalogue = Catalogue.load(settings.catalogue_path)
     except Exception as exc:
-        found.problems.append(f"catalogue {settings.catalogue} cannot be read: {exc}")
+        found.problems.append(f"catalogue {settings.catalogue_path} cannot be read: {exc}")
         return {}
     for model_id in settings.preload:
         if model_id not in catalogue.models:

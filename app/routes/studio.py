@@ -19,9 +19,9 @@ from fastapi.staticfiles import StaticFiles
 
 from app.http.auth import authenticator
 from app.http.deps import RequestIdDep, ServiceDep
+from app.resources import STATIC, TEMPLATES
 from app.routes.monitoring import stats_report
 from app.serving.service import SpeechService
-from app.settings import ROOT
 from app.studio.templating import Pages
 from app.studio.view import (
     FORMATS,
@@ -37,8 +37,6 @@ from app.studio.view import (
 )
 from engines.base import InvalidParameter, VoxMuxError
 
-TEMPLATES = ROOT / "web" / "templates"
-STATIC = ROOT / "web" / "static"
 HTMX = "htmx-2.0.11.min.js"
 PAGE = "studio.html"
 FRAGMENTS = ("auth", "models", "voices", "stats", "requests")

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from app.main import ENGINES
-from app.settings import ROOT
+from app.resources import CONFIG
 from engines.base import Audio, Capabilities, SynthesisRequest, Voice, VoiceNotFound
 from tests.conftest import LiveServer, start_server, test_settings
 
@@ -98,7 +98,7 @@ def tone(seconds: float) -> Audio:
 
 def faulty_catalogue(tmp: Path) -> Path:
     """The shipped catalogue plus one `faulty` model, written under `tmp`."""
-    shipped = (ROOT / "config" / "models.toml").read_text(encoding="utf-8")
+    shipped = (CONFIG / "models.toml").read_text(encoding="utf-8")
     extra = f'\n[models.{MODEL}]\nengine = "{MODEL}"\ndefault_voice = "{VOICE}"\n'
     path = tmp / "models.toml"
     path.write_text(shipped + extra, encoding="utf-8")

@@ -1,0 +1,1 @@
+"""VoxMux: a model-multiplexing, OpenAI-compatible text-to-speech gateway (see README.md)."""
