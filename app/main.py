@@ -14,8 +14,8 @@ from app.http.auth import Authenticator, install_log_redaction, require_synthesi
 from app.http.limits import BodyLimitMiddleware, WebSocketSendTimeout
 from app.http.requestid import RequestIdMiddleware
 from app.routes import cancel, health, models, monitoring, native, session, speech, studio, ws
-from app.serving.catalogue import Catalogue, ModelEntry
-from app.serving.scheduler import Scheduler
+from app.serving.catalogue import Catalogue
+from app.serving.scheduler import Lane
 from app.serving.service import SpeechService
 from app.settings import Settings
 from engines.base import Engine
@@ -23,7 +23,7 @@ from engines.espeak import EspeakEngine
 from engines.kokoro import KokoroEngine
 from engines.onnx import CUDA, RuntimeOptions, check_providers
 from engines.piper import PiperEngine
-from engines.registry import EngineRegistry, ModelSpec
+from engines.registry import EngineRegistry, ModelEntry, ModelHandle
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +37,18 @@ ENGINES: dict[str, EngineBuilder] = {
 """Engine adapters by the `engine` name used in the catalogue; add yours here."""
 
 
-def build_engines(settings: Settings, catalogue: Catalogue, runtime: RuntimeOptions
-                  ) -> dict[str, Engine]:
-    def build(entry: ModelEntry) -> Engine:
+def build_registry(settings: Settings, catalogue: Catalogue, runtime: RuntimeOptions
+                   ) -> EngineRegistry[Lane]:
+    """One handle per catalogue model: its engine adapter and its lane."""
+    def handle(entry: ModelEntry) -> ModelHandle[Lane]:
         if entry.engine not in ENGINES:
             raise ValueError(f"catalogue: model {entry.id} names unknown engine '{entry.engine}'")
-        return ENGINES[entry.engine](settings, runtime)
+        engine = ENGINES[entry.engine](settings, runtime)
+        lane = Lane(entry.id, settings.concurrency, settings.queue_size)
+        return ModelHandle(entry, engine, lane, idle_ttl=settings.ttl_for(entry.id))
 
-    return {model_id: build(entry) for model_id, entry in catalogue.models.items()}
+    return EngineRegistry([handle(e) for e in catalogue.models.values()],
+                          max_loaded=settings.max_loaded)
 
 
 def runtime_options(settings: Settings) -> RuntimeOptions:
@@ -56,15 +60,10 @@ def runtime_options(settings: Settings) -> RuntimeOptions:
     )
 
 
-def _same(engine: Engine) -> Callable[[], Engine]:
-    """Registry factory that reuses one adapter: its voices stay listable while unloaded."""
-    return lambda: engine
-
-
 async def _preload(app: FastAPI, service: SpeechService) -> None:
     try:
         for model_id in service.settings.preload:
-            if model_id not in service.engines:
+            if model_id not in service.registry:
                 log.warning("preload: unknown model %s skipped", model_id)
                 continue
             try:
@@ -82,16 +81,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     catalogue = Catalogue.load(settings.catalogue_path)
     runtime = runtime_options(settings)
     check_providers(runtime)  # a missing CUDA shows in /health before the first model loads
-    engines = build_engines(settings, catalogue, runtime)
-    registry = EngineRegistry(
-        {
-            model_id: ModelSpec(model_id, _same(engine), settings.ttl_for(model_id))
-            for model_id, engine in engines.items()
-        },
-        max_loaded=settings.max_loaded,
-    )
-    scheduler = Scheduler(settings.concurrency, settings.queue_size)
-    service = SpeechService(settings, catalogue, engines, registry, scheduler)
+    registry = build_registry(settings, catalogue, runtime)
+    service = SpeechService(settings, registry)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -32,7 +32,7 @@ import soundfile  # noqa: E402
 
 from app.cli.doctor import nvml_report  # noqa: E402
 from app.main import ENGINES, runtime_options  # noqa: E402
-from app.serving.catalogue import Catalogue, ModelEntry  # noqa: E402
+from app.serving.catalogue import Catalogue  # noqa: E402
 from app.serving.memory import NVML  # noqa: E402
 from app.settings import Settings, load_settings  # noqa: E402
 from engines.base import SynthesisRequest  # noqa: E402
@@ -42,6 +42,7 @@ from engines.onnx import (  # noqa: E402
     runtime_package,
     runtime_version,
 )
+from engines.registry import ModelEntry  # noqa: E402
 
 TEXTS = {
     "kokoro": "今日はとても良い天気ですね。午後から公園へ散歩に行きましょう。",

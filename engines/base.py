@@ -6,7 +6,8 @@ class that satisfies `Engine`; the registry owns its lifecycle.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -47,6 +48,8 @@ class SynthesisRequest:
     """Native speed factor, already clamped to `Capabilities.speed_range` by the caller."""
     language: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    cancel: CancelToken = field(default_factory=lambda: CancelToken(), compare=False)
+    """Set when the request is cancelled; engines stop at their next step (see `CancelToken`)."""
 
 
 @runtime_checkable
@@ -70,7 +73,8 @@ class Engine(Protocol):
         """Raise a `VoxMuxError` for a request the engine cannot serve, before any audio."""
 
     def stream(self, req: SynthesisRequest) -> Iterator[Audio]:
-        """Yield audio chunks in order; the first as early as possible."""
+        """Yield audio chunks in order; the first as early as possible. Stops with `Cancelled`
+        soon after `req.cancel` is set, inside a running inference where the runtime allows."""
 
     def synthesize(self, req: SynthesisRequest) -> Audio: ...
 
@@ -83,99 +87,105 @@ def concatenate(chunks: Iterator[Audio] | list[Audio]) -> Audio:
 
 
 class VoxMuxError(Exception):
-    """Base of every error VoxMux reports to a client; maps onto an OpenAI error body."""
+    """Base of every error VoxMux reports to a client.
 
-    status = 500
-    type = "server_error"
-    code: str | None = None
+    Errors say what went wrong and which request field it concerns (`param`); how each class
+    reaches a client (HTTP status, OpenAI type and code, WebSocket close codes) is decided in one
+    table at the edge, `app.http.errors`. `code` overrides that table's code for one instance.
+    """
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
-        if code is not None:
-            self.code = code
+        self.code = code
 
 
 class InvalidParameter(VoxMuxError):
     """A request field has a value VoxMux or the engine cannot honour."""
 
-    status = 400
-    type = "invalid_request_error"
-    code = "invalid_value"
-
 
 class ModelNotFound(VoxMuxError):
     """No model or alias by that name."""
-
-    status = 404
-    type = "invalid_request_error"
-    code = "model_not_found"
 
 
 class VoiceNotFound(VoxMuxError):
     """The model has no voice by that name."""
 
-    status = 404
-    type = "invalid_request_error"
-    code = "voice_not_found"
-
 
 class EngineBusy(VoxMuxError):
-    """The model is leased and the operation needs it idle."""
-
-    status = 409
-    type = "invalid_request_error"
-    code = "model_busy"
+    """The model is leased, loading or being switched to, and the operation needs it idle."""
 
 
 class Overloaded(VoxMuxError):
     """Every slot and queue place for the model is taken."""
-
-    status = 429
-    type = "rate_limit_error"
-    code = "queue_full"
 
     def __init__(self, message: str, *, retry_after: int = 1, param: str | None = None) -> None:
         super().__init__(message, param=param)
         self.retry_after = retry_after
 
 
-class ModelLoading(VoxMuxError):
-    """The model is still loading and the caller asked not to wait."""
-
-    status = 503
-    type = "server_error"
-    code = "model_loading"
-
-
 class LoadFailed(VoxMuxError):
     """The model's weights or runtime could not be loaded."""
-
-    status = 503
-    type = "server_error"
-    code = "model_load_failed"
 
 
 class SynthesisFailed(VoxMuxError):
     """The engine failed while producing audio."""
 
-    status = 500
-    type = "server_error"
-    code = "synthesis_failed"
-
 
 class RequestTimeout(VoxMuxError):
-    """The request ran past its time limit."""
-
-    status = 504
-    type = "server_error"
-    code = "timeout"
+    """The request made no progress within its time limit."""
 
 
 class Cancelled(VoxMuxError):
-    """The request was cancelled by its client."""
+    """The request was cancelled (by its client, a disconnect or a timeout)."""
 
-    status = 499
-    type = "invalid_request_error"
-    code = "cancelled"
+
+class CancelToken:
+    """Stops one request's engine work from another thread.
+
+    The serving layer calls `cancel()`; an engine checks `cancelled` between steps and registers
+    `on_cancel` hooks that reach into a running call (onnxruntime's `RunOptions.terminate`, a
+    synth callback that returns "abort"). A hook registered after the cancel runs at once.
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._hooks: list[Callable[[], None]] = []
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._event.is_set():
+                return
+            self._event.set()
+            hooks, self._hooks = self._hooks, []
+        for hook in hooks:
+            hook()
+
+    def on_cancel(self, hook: Callable[[], None]) -> Callable[[], None]:
+        """Run `hook` when cancelled; returns a function that unregisters it."""
+        with self._lock:
+            if not self._event.is_set():
+                self._hooks.append(hook)
+                return lambda: self._forget(hook)
+        hook()
+        return lambda: None
+
+    def _forget(self, hook: Callable[[], None]) -> None:
+        with self._lock:
+            if hook in self._hooks:
+                self._hooks.remove(hook)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until cancelled or `timeout`; True if cancelled."""
+        return self._event.wait(timeout)
+
+    def check(self) -> None:
+        """Raise `Cancelled` if the request was cancelled."""
+        if self._event.is_set():
+            raise Cancelled("The request was cancelled")

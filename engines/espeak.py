@@ -89,6 +89,6 @@ class EspeakEngine:
         runs = espeak_runs(req.text, voice_language=language, override=req.language)
         wpm = round(DEFAULT_WPM * req.speed)
         return concatenate(
-            [espeak().synthesize(text, run_language + plus + variant, wpm=wpm)
+            [espeak().synthesize(text, run_language + plus + variant, wpm=wpm, cancel=req.cancel)
              for text, run_language in runs]
         )

@@ -17,7 +17,7 @@ from typing import Any
 import espeakng_loader
 import numpy as np
 
-from engines.base import Audio
+from engines.base import Audio, CancelToken
 
 _AUDIO_OUTPUT_SYNCHRONOUS = 2
 _INITIALIZE_DONT_EXIT = 0x8000
@@ -78,6 +78,7 @@ class EspeakLibrary:
         ]
         self._lib.espeak_ListVoices.restype = ctypes.POINTER(ctypes.POINTER(_VoiceStruct))
         self._chunks: list[Audio] = []
+        self._cancel: CancelToken | None = None
         self._callback = _SynthCallback(self._on_audio)  # kept alive for the C side
         self._lib.espeak_SetSynthCallback(self._callback)
         self._current_voice = b""
@@ -87,7 +88,7 @@ class EspeakLibrary:
         if wav and count > 0:
             pcm = np.ctypeslib.as_array(wav, shape=(count,))
             self._chunks.append(pcm.astype(np.float32) / 32768.0)
-        return 0
+        return 1 if self._cancel is not None and self._cancel.cancelled else 0  # 1: abort
 
     def _set_voice(self, voice: str) -> None:
         # eSpeak looks voices up by file name; language codes like en-gb map to gmw/en.
@@ -135,17 +136,23 @@ class EspeakLibrary:
                 out.append(result.decode().strip())
         return " ".join(p for p in out if p)
 
-    def synthesize(self, text: str, voice: str, wpm: int = DEFAULT_WPM, pitch: int = 50) -> Audio:
+    def synthesize(self, text: str, voice: str, wpm: int = DEFAULT_WPM, pitch: int = 50,
+                   cancel: CancelToken | None = None) -> Audio:
+        """Speech for `text`; `cancel` stops it at the next block of samples (`Cancelled`)."""
         data = text.encode()
         with self._lock:
             self._set_voice(voice)
             self._lib.espeak_SetParameter(_RATE, max(MIN_WPM, min(MAX_WPM, wpm)), 0)
             self._lib.espeak_SetParameter(_PITCH, pitch, 0)
-            self._chunks = []
-            status = self._lib.espeak_Synth(
-                data, len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None
-            )
-            chunks, self._chunks = self._chunks, []
+            self._chunks, self._cancel = [], cancel
+            try:
+                status = self._lib.espeak_Synth(
+                    data, len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None
+                )
+            finally:
+                chunks, self._chunks, self._cancel = self._chunks, [], None
+        if cancel is not None:
+            cancel.check()
         if status != 0:
             raise RuntimeError(f"espeak_Synth failed with status {status}")
         if not chunks:

@@ -34,7 +34,7 @@ from engines.base import (
 from engines.espeak_lib import espeak
 from engines.frontend import Run, base_language, ja, prepare, supported, zh
 from engines.frontend.espeak_voices import espeak_language
-from engines.onnx import RuntimeOptions, open_session
+from engines.onnx import RuntimeOptions, open_session, run
 from engines.voicescan import VoiceChanges, diff
 
 log = logging.getLogger(__name__)
@@ -280,11 +280,11 @@ class KokoroEngine:
         speed = np.array([req.speed], dtype=np.float32)
         for tokens in self._token_runs(phonemes):
             style = style_table[min(len(tokens), len(style_table)) - 1].reshape(1, 256)
-            audio = session.run(None, {
+            audio = run(session, {
                 "tokens": np.array([[0, *tokens, 0]], dtype=np.int64),
                 "style": style.astype(np.float32),
                 "speed": speed,
-            })[0]
+            }, req.cancel)[0]
             yield np.asarray(audio, dtype=np.float32).reshape(-1)
 
     def synthesize(self, req: SynthesisRequest) -> Audio:

@@ -21,6 +21,8 @@ from typing import Any
 
 import onnxruntime as ort
 
+from engines.base import CancelToken
+
 log = logging.getLogger(__name__)
 
 CPU = "CPUExecutionProvider"
@@ -184,6 +186,21 @@ def open_session(model: Path | bytes, options: RuntimeOptions) -> Any:
     session = _create(model, options)
     options.note_in_use(list(session.get_providers()))
     return session
+
+
+def run(session: Any, feeds: dict[str, Any], cancel: CancelToken) -> list[Any]:
+    """`session.run` that `cancel` can stop mid-inference: its hook sets the run's
+    `RunOptions.terminate`, and onnxruntime gives up at its next node."""
+    cancel.check()
+    options = ort.RunOptions()
+    forget = cancel.on_cancel(lambda: setattr(options, "terminate", True))
+    try:
+        return list(session.run(None, feeds, options))
+    except Exception:
+        cancel.check()  # stopped because we asked: a cancel, not an engine failure
+        raise
+    finally:
+        forget()
 
 
 def _message(*fields: bytes) -> bytes:

@@ -33,7 +33,7 @@ from engines.base import (
 )
 from engines.espeak_lib import espeak
 from engines.frontend import espeak_runs, ja
-from engines.onnx import RuntimeOptions, open_session
+from engines.onnx import RuntimeOptions, open_session, run
 from engines.voicescan import VoiceChanges, diff
 
 log = logging.getLogger(__name__)
@@ -243,7 +243,7 @@ class PiperEngine:
         }
         if model.takes_speaker:
             feeds["sid"] = np.array([speaker or 0], dtype=np.int64)
-        audio = model.session.run(None, feeds)[0]
+        audio = run(model.session, feeds, req.cancel)[0]
         yield np.asarray(audio, dtype=np.float32).reshape(-1)
 
     def synthesize(self, req: SynthesisRequest) -> Audio:

@@ -20,10 +20,11 @@ from typing import Any
 
 from app.http.auth import KEY_FILE
 from app.main import ENGINES, runtime_options
-from app.serving.catalogue import Catalogue, ModelEntry
+from app.serving.catalogue import Catalogue
 from app.settings import Settings, profiles_dir
 from engines import kokoro
 from engines.onnx import available_providers, probe_providers, runtime_package, runtime_version
+from engines.registry import ModelEntry
 
 SAMPLE_VOICES = 5
 KEY_SETTINGS = (

@@ -26,7 +26,7 @@ from typing import Any, Literal
 from fastapi import Request, WebSocket
 from starlette.requests import HTTPConnection
 
-from engines.base import VoxMuxError
+from app.http.errors import InvalidApiKey
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +35,6 @@ COOKIE = "voxmux_session"
 KEY_FILE = "api_key"
 WS_POLICY_VIOLATION = 1008
 _SIGNING_CONTEXT = b"voxmux-session\x00"
-
-
-class InvalidApiKey(VoxMuxError):
-    """No key, or not one of the server's keys (OpenAI's 401)."""
-
-    status = 401
-    type = "invalid_request_error"
-    code = "invalid_api_key"
 
 
 MESSAGE = (

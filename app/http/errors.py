@@ -1,8 +1,15 @@
-"""Every error leaves VoxMux in OpenAI's shape: `{"error": {message, type, param, code}}`."""
+"""One error table: how every error class reaches a client.
+
+Engine and serving errors say what went wrong; this table decides, in one place, the HTTP status,
+OpenAI's `type` and `code`, the close code of a VoxMux WebSocket session and that of a LunaVox
+one. Every body is OpenAI's shape, `{"error": {message, type, param, code}}`. Errors that only
+exist at the edge (keys, body size, WebSocket protocol breaches) are declared here too.
+"""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -11,26 +18,146 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from app.protocols.schemas import ErrorInfo, ErrorResponse
-from engines.base import Overloaded, VoxMuxError
+from app.text.feed import TextBacklogFull
+from engines.base import (
+    Cancelled,
+    EngineBusy,
+    InvalidParameter,
+    LoadFailed,
+    ModelNotFound,
+    Overloaded,
+    RequestTimeout,
+    SynthesisFailed,
+    VoiceNotFound,
+    VoxMuxError,
+)
 
 log = logging.getLogger(__name__)
+
+
+class InvalidApiKey(VoxMuxError):
+    """No key, or not one of the server's keys."""
+
+
+class Forbidden(VoxMuxError):
+    """The caller is known but may not do this (e.g. cancel another client's request)."""
+
+
+class RequestNotFound(VoxMuxError):
+    """No running request has that id."""
+
+
+class RequestTooLarge(VoxMuxError, HTTPException):
+    """The request body is over `max_request_bytes`.
+
+    Also an `HTTPException`: FastAPI turns anything else raised while it reads a body into a
+    400, but lets these through to the handlers (which find VoxMuxError's first).
+    """
+
+    def __init__(self, limit: int) -> None:
+        message = f"The request body is larger than the {limit} bytes this server accepts"
+        VoxMuxError.__init__(self, message)
+        self.status_code, self.detail, self.headers = 413, message, None
+
+
+class SessionError(VoxMuxError):
+    """A breach of the WebSocket protocol rather than a bad request."""
+
+
+class NotJson(SessionError):
+    """A message that is not a JSON object in a text frame (or nested too deep to read)."""
+
+
+class MessageTooBig(SessionError):
+    """A message over `ws_max_message_bytes`."""
+
+
+class NoRequest(SessionError):
+    """No first message within `ws_first_message_timeout`."""
+
+
+class TooManySessions(SessionError):
+    """Every one of the `ws_max_connections` session places is taken."""
+
+
+@dataclass(frozen=True)
+class ErrorKind:
+    status: int
+    type: str
+    code: str
+    ws_close: int = 1000
+    """VoxMux WebSocket close code after the `error` frame (1000: the request's own fault)."""
+    lunavox_close: int = 1011
+    """LunaVox close code (1003 a bad request, 1013 overloaded, 1011 a server failure)."""
+    breach: str | None = None
+    """For a breach of the WebSocket protocol, the close reason; LunaVox then sends no frame."""
+
+
+_BAD = "invalid_request_error"
+_SERVER = "server_error"
+
+TABLE: dict[type[Exception], ErrorKind] = {
+    InvalidParameter: ErrorKind(400, _BAD, "invalid_value", lunavox_close=1003),
+    ModelNotFound: ErrorKind(404, _BAD, "model_not_found", lunavox_close=1003),
+    VoiceNotFound: ErrorKind(404, _BAD, "voice_not_found", lunavox_close=1003),
+    EngineBusy: ErrorKind(409, _BAD, "model_busy"),
+    Overloaded: ErrorKind(429, "rate_limit_error", "queue_full", lunavox_close=1013),
+    LoadFailed: ErrorKind(503, _SERVER, "model_load_failed"),
+    SynthesisFailed: ErrorKind(500, _SERVER, "synthesis_failed"),
+    RequestTimeout: ErrorKind(504, _SERVER, "timeout"),
+    Cancelled: ErrorKind(499, _BAD, "cancelled", lunavox_close=1000),
+    InvalidApiKey: ErrorKind(401, _BAD, "invalid_api_key", ws_close=1008, lunavox_close=1008),
+    Forbidden: ErrorKind(403, "permission_error", "forbidden", ws_close=1008, lunavox_close=1008),
+    RequestNotFound: ErrorKind(404, _BAD, "request_not_found"),
+    RequestTooLarge: ErrorKind(413, _BAD, "request_too_large"),
+    NotJson: ErrorKind(400, _BAD, "invalid_json", 1003, 1003, "expected a JSON object"),
+    MessageTooBig: ErrorKind(413, _BAD, "message_too_large", 1009, 1009, "message too big"),
+    NoRequest: ErrorKind(408, _BAD, "timeout", 1008, 1008, "no request in time"),
+    TooManySessions: ErrorKind(
+        429, "rate_limit_error", "too_many_connections", 1013, 1013, "too many connections"
+    ),
+    TextBacklogFull: ErrorKind(
+        413, _BAD, "text_backlog_full", 1008, 1008, "too much text waiting"
+    ),
+}
+INTERNAL = ErrorKind(500, _SERVER, "internal_error", 1011, 1011)
+"""Anything not in the table: a bug, reported without its details."""
+
+
+def kind_of(exc: BaseException) -> ErrorKind:
+    for cls in type(exc).__mro__:
+        if cls in TABLE:
+            return TABLE[cls]
+    return INTERNAL
+
+
+def as_voxmux(exc: BaseException) -> VoxMuxError:
+    """`exc` itself when it is one of ours, else a generic failure that reveals nothing."""
+    if isinstance(exc, VoxMuxError):
+        return exc
+    return VoxMuxError("The server failed to process the request.")
+
+
+def error_body(exc: BaseException) -> dict[str, Any]:
+    error = as_voxmux(exc)
+    kind = kind_of(error)
+    info = ErrorInfo(message=error.message, type=kind.type, param=error.param,
+                     code=error.code or kind.code)
+    return ErrorResponse(error=info).model_dump()
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, Overloaded) else None
+    return JSONResponse(error_body(exc), status_code=kind_of(as_voxmux(exc)).status,
+                        headers=headers)
+
 
 _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
 
 
-def error_body(exc: VoxMuxError) -> dict[str, Any]:
-    info = ErrorInfo(message=exc.message, type=exc.type, param=exc.param, code=exc.code)
-    return ErrorResponse(error=info).model_dump()
-
-
-def error_response(exc: VoxMuxError) -> JSONResponse:
-    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, Overloaded) else None
-    return JSONResponse(error_body(exc), status_code=exc.status, headers=headers)
-
-
 def _plain(status: int, message: str, *, param: str | None = None, code: str | None = None,
            headers: dict[str, str] | None = None) -> JSONResponse:
-    kind = _HTTP_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    kind = _HTTP_TYPES.get(status, _BAD if status < 500 else _SERVER)
     info = ErrorInfo(message=message, type=kind, param=param, code=code)
     return JSONResponse(ErrorResponse(error=info).model_dump(), status_code=status, headers=headers)
 
@@ -57,7 +184,7 @@ async def _on_validation(_: Request, exc: RequestValidationError) -> JSONRespons
 
 
 async def _on_voxmux(_: Request, exc: VoxMuxError) -> JSONResponse:
-    if exc.status >= 500:
+    if kind_of(exc).status >= 500:
         log.warning("request failed: %s", exc.message)
     return error_response(exc)
 
@@ -69,7 +196,7 @@ async def _on_http(_: Request, exc: HTTPException) -> JSONResponse:
 
 async def _on_unexpected(_: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error", exc_info=exc)
-    return _plain(500, "The server failed to process the request.", code="internal_error")
+    return error_response(exc)
 
 
 def install(app: FastAPI) -> None:

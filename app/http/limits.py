@@ -15,30 +15,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.http.errors import error_response
-from engines.base import VoxMuxError
+from app.http.errors import RequestTooLarge, error_response
 
 log = logging.getLogger(__name__)
-
-
-class RequestTooLarge(VoxMuxError, HTTPException):
-    """The request body is over `max_request_bytes`.
-
-    Also an `HTTPException`: FastAPI turns anything else raised while it reads a body into a
-    400, but lets these through to the handlers (which find VoxMuxError's first).
-    """
-
-    status = 413
-    type = "invalid_request_error"
-    code = "request_too_large"
-
-    def __init__(self, limit: int) -> None:
-        message = f"The request body is larger than the {limit} bytes this server accepts"
-        VoxMuxError.__init__(self, message)
-        self.status_code, self.detail, self.headers = self.status, message, None
 
 
 class BodyLimitMiddleware:

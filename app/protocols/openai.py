@@ -1,9 +1,12 @@
-"""Turn a running `AudioStream` into an HTTP response: chunked audio or OpenAI-style SSE.
+"""Speech jobs over HTTP: chunked audio or OpenAI-style SSE, from a response that owns the job.
 
-The first chunk is awaited before the response starts, so a load or synthesis failure on it is
-still a proper error status; later failures abort a raw audio transfer (logged; the body is left
-unterminated, so no client takes the truncated audio for a whole file) or become an SSE `error`
-event.
+`JobResponse` is the ASGI response of a streamed speech route. It enters the job itself (`async
+with`), so cleanup runs however the exchange ends, even when the client left before the first
+byte. It awaits the first audio before sending headers, so a failure there (queue full, a model
+that fails to load, a voice the engine rejects) is still a proper error status. A client that
+hangs up cancels the job. A failure after the headers aborts a raw audio transfer (logged; the
+body is left unterminated, so no client takes the truncated audio for a whole file) or becomes
+an SSE `error` event.
 """
 
 from __future__ import annotations
@@ -12,89 +15,52 @@ import asyncio
 import base64
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
-from fastapi import Request
-from fastapi.responses import StreamingResponse
-from starlette.types import Send
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from app.audio.encoders import CONTENT_TYPES, StreamEncoder
-from app.http.errors import error_body
-from app.serving.service import AudioStream, SpeechJob
-from engines.base import Audio, InvalidParameter, SynthesisFailed, VoxMuxError
+from app.http.errors import as_voxmux, error_body, error_response
+from app.serving.job import SpeechJob
+from engines.base import Audio, InvalidParameter
 
 log = logging.getLogger(__name__)
 
-
-async def cancel_on_disconnect(request: Request, stream: AudioStream) -> None:
-    """Cancel `stream` when the HTTP client hangs up (the request body is already read)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    stream.cancel()
-
-
-async def first_chunk(stream: AudioStream, request: Request | None = None) -> Audio:
-    """Wait for the first audio; on failure the stream is closed and the error raised.
-
-    With `request`, a client that hangs up meanwhile (while queued, say) cancels the job at once
-    rather than when its turn comes.
-    """
-    watcher = asyncio.create_task(cancel_on_disconnect(request, stream)) if request else None
-    try:
-        return await anext(stream)
-    except StopAsyncIteration:
-        await stream.aclose()
-        raise InvalidParameter(
-            "The input has nothing speakable in it", param="input", code="empty_audio"
-        ) from None
-    except BaseException:
-        await stream.aclose()
-        raise
-    finally:
-        if watcher is not None:
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
-
-
-def job_headers(job: SpeechJob, encoder: StreamEncoder) -> dict[str, str]:
-    return base_headers(job, encoder.output_sample_rate)
-
-
-def base_headers(job: SpeechJob, sample_rate: int) -> dict[str, str]:
-    headers = {
-        "X-Sample-Rate": str(sample_rate),
-        "X-VoxMux-Model": job.model.id,
-        "X-VoxMux-Voice": job.voice,
-        "X-VoxMux-Segments": str(len(job.segments)),
-        "X-VoxMux-Cache": job.stats.cache,
-    }
-    if job.warnings:
-        headers["X-VoxMux-Warnings"] = "; ".join(job.warnings)
-    return headers
-
-
-async def _chunks(first: Audio, stream: AudioStream) -> AsyncIterator[Audio]:
-    yield first
-    async for chunk in stream:
-        yield chunk
+Body = Callable[[SpeechJob, AsyncIterator[Audio], StreamEncoder], AsyncIterator[bytes]]
+"""Produces the body from the job's audio chunks and the encoder; raises `_Aborted` on a failure
+that must leave the transfer unterminated."""
 
 
 class _Aborted(Exception):
     """The audio failed after the headers were sent; the transfer must not look complete."""
 
 
-class AbortableStreamingResponse(StreamingResponse):
-    """Leaves the body unterminated when its iterator raises `_Aborted`: the server then closes
-    the connection without the final chunk, and the client sees an incomplete transfer."""
+def job_headers(job: SpeechJob, sample_rate: int) -> dict[str, str]:
+    plan = job.plan
+    headers = {
+        "X-Sample-Rate": str(sample_rate),
+        "X-VoxMux-Model": plan.model_id,
+        "X-VoxMux-Voice": plan.voice,
+        "X-VoxMux-Segments": str(job.segments),
+        "X-VoxMux-Cache": job.cache_use,
+    }
+    if plan.warnings:
+        headers["X-VoxMux-Warnings"] = "; ".join(plan.warnings)
+    return headers
 
-    async def stream_response(self, send: Send) -> None:
-        try:
-            await super().stream_response(send)
-        except _Aborted:
-            return
+
+async def first_audio(job: SpeechJob, events: AsyncIterator[Audio]) -> Audio:
+    """The job's first chunk; a job that ends without audio had nothing to say."""
+    try:
+        return await anext(events)
+    except StopAsyncIteration:
+        raise InvalidParameter(
+            "The input has nothing speakable in it", param="input", code="empty_audio"
+        ) from None
 
 
-async def _encode(encoder: StreamEncoder, chunk: Audio | None) -> bytes:
+async def encode(encoder: StreamEncoder, chunk: Audio | None) -> bytes:
     """Codec work (LAME, Opus, AAC, FLAC) runs in a worker thread, off the event loop; raw
     formats are a copy and stay inline. `None` finishes the stream."""
     if encoder.format in ("pcm", "wav"):
@@ -104,67 +70,103 @@ async def _encode(encoder: StreamEncoder, chunk: Audio | None) -> bytes:
     return await asyncio.to_thread(encoder.encode, chunk)
 
 
-async def _audio_bytes(first: Audio, stream: AudioStream, encoder: StreamEncoder
+async def _watch_disconnect(receive: Receive, job: SpeechJob) -> None:
+    """Cancel the job when the client hangs up (the request body has been read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    job.cancel()
+
+
+class JobResponse(Response):
+    """A `Response` only so FastAPI passes it through; it sends everything itself."""
+
+    def __init__(self, job: SpeechJob, fmt: str, body: Body, media_type: str,
+                 headers: dict[str, str] | None = None) -> None:
+        self.status_code = 200
+        self.background = None
+        self.job = job
+        self._content_type = media_type
+        self._encoder = StreamEncoder(fmt, job.sample_rate)
+        self._frame = body
+        self._extra_headers = job_headers(job, self._encoder.output_sample_rate) | (headers or {})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with self.job:
+            watcher = asyncio.create_task(_watch_disconnect(receive, self.job))
+            try:
+                await self._respond(scope, receive, send)
+            finally:
+                watcher.cancel()
+        if self.background is not None:
+            await self.background()
+
+    async def _respond(self, scope: Scope, receive: Receive, send: Send) -> None:
+        audio = self.job.audio()
+        try:
+            first = await first_audio(self.job, audio)
+        except Exception as exc:
+            await error_response(exc)(scope, receive, send)
+            return
+        headers = [(b"content-type", self._content_type.encode())]
+        headers += [(k.lower().encode(), v.encode()) for k, v in self._extra_headers.items()]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        try:
+            async for data in self._frame(self.job, _prepend(first, audio), self._encoder):
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+        except _Aborted:
+            return  # the server closes the connection without the final chunk
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _prepend(first: Audio, rest: AsyncIterator[Audio]) -> AsyncIterator[Audio]:
+    yield first
+    async for chunk in rest:
+        yield chunk
+
+
+async def _audio_bytes(job: SpeechJob, chunks: AsyncIterator[Audio], encoder: StreamEncoder
                        ) -> AsyncIterator[bytes]:
     try:
-        async for chunk in _chunks(first, stream):
-            data = await _encode(encoder, chunk)
-            if data:
+        async for chunk in chunks:
+            if data := await encode(encoder, chunk):
                 yield data
-        yield await _encode(encoder, None)
-    except VoxMuxError as exc:
-        log.warning("request %s aborted after streaming began: %s", stream.job.id, exc.message)
+        yield await encode(encoder, None)
+    except Exception as exc:
+        log.warning("request %s aborted after streaming began: %s", job.plan.request_id,
+                    as_voxmux(exc).message)
         raise _Aborted from exc
-    finally:
-        await stream.aclose()
 
 
-def audio_response(job: SpeechJob, stream: AudioStream, first: Audio, fmt: str
-                   ) -> StreamingResponse:
-    encoder = StreamEncoder(fmt, job.sample_rate)
-    return AbortableStreamingResponse(
-        _audio_bytes(first, stream, encoder),
-        media_type=CONTENT_TYPES[fmt],
-        headers=job_headers(job, encoder),
-    )
+def _event(payload: dict[str, object]) -> bytes:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
 
-def _event(payload: dict[str, object]) -> str:
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
-
-
-async def _sse_events(job: SpeechJob, first: Audio, stream: AudioStream,
-                      encoder: StreamEncoder) -> AsyncIterator[str]:
-    def delta(data: bytes) -> str:
+async def _sse_events(job: SpeechJob, chunks: AsyncIterator[Audio], encoder: StreamEncoder
+                      ) -> AsyncIterator[bytes]:
+    def delta(data: bytes) -> bytes:
         return _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
 
     try:
-        async for chunk in _chunks(first, stream):
-            data = await _encode(encoder, chunk)
-            if data:
+        async for chunk in chunks:
+            if data := await encode(encoder, chunk):
                 yield delta(data)
-        tail = await _encode(encoder, None)
-        if tail:
+        if tail := await encode(encoder, None):
             yield delta(tail)
-        chars = len(job.text)
-        yield _event({
-            "type": "speech.audio.done",
-            "usage": {"input_tokens": chars, "output_tokens": 0, "total_tokens": chars},
-            "stats": job.stats.envelope(job.sample_rate, len(job.segments)),
-        })
-    except VoxMuxError as exc:
-        yield _event({"type": "error", **error_body(exc)})
     except Exception as exc:  # the stream is already 200: report, never a broken socket
-        log.exception("SSE stream %s failed", job.id)
-        yield _event({"type": "error", **error_body(SynthesisFailed(str(exc)))})
-    finally:
-        await stream.aclose()
+        yield _event({"type": "error", **error_body(exc)})
+        return
+    chars = len(job.plan.text) if isinstance(job.plan.text, str) else 0
+    assert job.stats is not None  # the events ended: the job has finished
+    yield _event({
+        "type": "speech.audio.done",
+        "usage": {"input_tokens": chars, "output_tokens": 0, "total_tokens": chars},
+        "stats": job.stats.envelope(),
+    })
 
 
-def sse_response(job: SpeechJob, stream: AudioStream, first: Audio, fmt: str
-                 ) -> StreamingResponse:
-    encoder = StreamEncoder(fmt, job.sample_rate)
-    headers = job_headers(job, encoder) | {"Cache-Control": "no-cache"}
-    return StreamingResponse(
-        _sse_events(job, first, stream, encoder), media_type="text/event-stream", headers=headers
-    )
+def audio_response(job: SpeechJob, fmt: str) -> JobResponse:
+    return JobResponse(job, fmt, _audio_bytes, CONTENT_TYPES[fmt])
+
+
+def sse_response(job: SpeechJob, fmt: str) -> JobResponse:
+    return JobResponse(job, fmt, _sse_events, "text/event-stream", {"Cache-Control": "no-cache"})

@@ -48,6 +48,11 @@ class SpeechOptions(Strict):
     def voice_id(self) -> str | None:
         return voice_id(self.voice)
 
+    def plan_fields(self) -> dict[str, Any]:
+        """The keyword arguments of `SpeechService.plan` these options set."""
+        return {"model": self.model, "voice": self.voice_id, "speed": self.speed,
+                "language": self.language, "instructions": self.instructions}
+
 
 class SpeechRequest(SpeechOptions):
     """OpenAI's `POST /v1/audio/speech` body, plus `language`; `text` is an alias of `input`."""
@@ -155,6 +160,10 @@ class ModelCard(BaseModel):
     aliases: list[str] = []
     description: str = ""
     default_voice: str = ""
+    current: bool = False
+    """The model last loaded or switched to (AngeVoice's active model)."""
+    running: int = 0
+    """Engine calls running now."""
     error: str | None = None
     voice_errors: dict[str, str] = {}
 

@@ -17,40 +17,42 @@ from app.protocols.schemas import (
     VoiceCard,
     VoiceList,
 )
-from app.serving.catalogue import CREATED, ModelEntry
+from app.serving.catalogue import CREATED
 from app.serving.rescan import rescan_models
-from app.serving.service import SpeechService
+from app.serving.scheduler import Lane
 from engines.frontend.detect import language_matches
+from engines.registry import ModelHandle
 
 router = APIRouter(tags=["models"])
 ADMIN = [Depends(require_admin)]
 """Dependencies of the routes that change what is loaded (guarded under either auth scope)."""
 
 
-def _card(service: SpeechService, entry: ModelEntry) -> ModelCard:
-    state = service.registry.status()[entry.id]
-    engine = service.engines[entry.id]
+def _card(handle: ModelHandle[Lane]) -> ModelCard:
+    entry = handle.entry
     return ModelCard(
         id=entry.id,
         created=CREATED,
         engine=entry.engine,
-        status=state.status,
+        status=handle.status,
         aliases=list(entry.aliases),
         description=entry.description,
         default_voice=entry.default_voice,
-        error=state.error,
-        voice_errors=dict(getattr(engine, "voice_errors", {})),
+        current=handle.current,
+        running=handle.lane.in_flight,
+        error=handle.error,
+        voice_errors=dict(getattr(handle.engine, "voice_errors", {})),
     )
 
 
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(service: ServiceDep) -> ModelList:
-    return ModelList(data=[_card(service, e) for e in service.catalogue.models.values()])
+    return ModelList(data=[_card(handle) for handle in service.models()])
 
 
 @router.get("/v1/models/{model_id}", response_model=ModelCard, responses=ERROR_RESPONSES)
 async def get_model(model_id: str, service: ServiceDep) -> ModelCard:
-    return _card(service, service.catalogue.resolve(model_id))
+    return _card(service.registry.resolve(model_id))
 
 
 @router.get("/v1/audio/voices", response_model=VoiceList, responses=ERROR_RESPONSES)
@@ -60,11 +62,11 @@ async def list_voices(
     language: str | None = Query(None, description="Language: `en` also lists en-us and en-gb"),
     gender: str | None = Query(None, description="female or male"),
 ) -> VoiceList:
-    entries = [service.catalogue.resolve(model)] if model else service.catalogue.models.values()
+    handles = [service.registry.resolve(model)] if model else service.models()
     cards = [
-        VoiceCard(id=v.id, name=v.name, language=v.language, gender=v.gender, model=e.id)
-        for e in entries
-        for v in service.engines[e.id].voices()
+        VoiceCard(id=v.id, name=v.name, language=v.language, gender=v.gender, model=h.id)
+        for h in handles
+        for v in h.engine.voices()
         if (not language or language_matches(v.language, language))
         and (not gender or v.gender == gender.lower())
     ]
@@ -85,28 +87,28 @@ async def rescan(service: ServiceDep) -> RescanResponse:
 @router.post("/v1/models/switch", response_model=SwitchResponse, responses=ERROR_RESPONSES,
              dependencies=ADMIN)
 async def switch_model(body: SwitchRequest, service: ServiceDep) -> SwitchResponse:
-    entry = service.catalogue.resolve(body.model)
-    result = await service.registry.switch(entry.id, unload_previous=body.unload_previous)
+    handle = service.registry.resolve(body.model)
+    result = await service.registry.switch(handle.id, unload_previous=body.unload_previous)
     return SwitchResponse(
-        model=entry.id,
+        model=handle.id,
         previous=result.previous,
         previous_unloaded=result.previous_unloaded,
         previous_busy=result.previous_busy,
-        status=service.registry.status()[entry.id].status,
+        status=handle.status,
     )
 
 
 @router.post("/v1/models/{model_id}/load", response_model=ModelCard, responses=ERROR_RESPONSES,
              dependencies=ADMIN)
 async def load_model(model_id: str, service: ServiceDep) -> ModelCard:
-    entry = service.catalogue.resolve(model_id)
-    await service.registry.load(entry.id)
-    return _card(service, entry)
+    handle = service.registry.resolve(model_id)
+    await service.registry.load(handle.id)
+    return _card(handle)
 
 
 @router.post("/v1/models/{model_id}/unload", response_model=ModelCard,
              responses=ERROR_RESPONSES, dependencies=ADMIN)
 async def unload_model(model_id: str, service: ServiceDep) -> ModelCard:
-    entry = service.catalogue.resolve(model_id)
-    await service.registry.unload(entry.id)
-    return _card(service, entry)
+    handle = service.registry.resolve(model_id)
+    await service.registry.unload(handle.id)
+    return _card(handle)

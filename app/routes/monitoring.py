@@ -8,38 +8,14 @@ from fastapi.responses import Response
 from app.http.auth import require_admin, require_synthesis
 from app.http.deps import ServiceDep
 from app.protocols.schemas import ERROR_RESPONSES
-from app.serving.memory import process_memory
 from app.serving.metrics import CONTENT_TYPE
-from app.serving.service import SpeechService
 
 router = APIRouter(tags=["monitoring"])
 
 
-def stats_report(service: SpeechService) -> dict[str, object]:
-    lanes = service.scheduler.lanes()
-    models: dict[str, object] = {}
-    for model_id, state in service.registry.status().items():
-        lane = lanes.get(model_id)
-        models[model_id] = {
-            "status": state.status,
-            "refcount": state.refcount,
-            "load_seconds": state.load_seconds,
-            "active": lane.running if lane else 0,
-            "queued": lane.queued if lane else 0,
-        }
-    return {
-        **service.stats.snapshot(),
-        "active": service.scheduler.active,
-        "queued": service.scheduler.queued,
-        "cache": service.cache.snapshot(),
-        "models": models,
-        "memory": process_memory(),
-    }
-
-
 @router.get("/stats", dependencies=[Depends(require_admin)], responses=ERROR_RESPONSES)
 async def stats(service: ServiceDep) -> dict[str, object]:
-    return stats_report(service)
+    return service.report()
 
 
 @router.get("/requests", dependencies=[Depends(require_admin)], responses=ERROR_RESPONSES)

@@ -8,7 +8,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from app.http.auth import COOKIE, MESSAGE, InvalidApiKey, authenticator
+from app.http.auth import COOKIE, MESSAGE, authenticator
+from app.http.errors import InvalidApiKey
 from app.protocols.schemas import ERROR_RESPONSES, SessionRequest
 
 router = APIRouter(tags=["auth"])

@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter
 
 from app.http.deps import RequestIdDep, ServiceDep
-from app.protocols.openai import audio_response, first_chunk, sse_response
+from app.protocols.openai import JobResponse, audio_response, sse_response
 from app.protocols.schemas import ERROR_RESPONSES, SpeechRequest
 
 router = APIRouter(tags=["speech"])
 
 
-@router.post("/v1/audio/speech", responses=ERROR_RESPONSES, response_class=StreamingResponse)
-async def create_speech(
-    body: SpeechRequest, request: Request, service: ServiceDep, request_id: RequestIdDep
-) -> StreamingResponse:
-    job = service.plan_options(body, body.input, request_id)
-    stream = service.run(job)
-    first = await first_chunk(stream, request)
+@router.post("/v1/audio/speech", responses=ERROR_RESPONSES, response_class=JobResponse,
+             status_code=200)
+async def create_speech(body: SpeechRequest, service: ServiceDep, request_id: RequestIdDep
+                        ) -> JobResponse:
+    plan = service.plan(**body.plan_fields(), text=body.input, request_id=request_id)
+    job = service.speak(plan)
     if body.stream_format == "sse":
-        return sse_response(job, stream, first, body.response_format)
-    return audio_response(job, stream, first, body.response_format)
+        return sse_response(job, body.response_format)
+    return audio_response(job, body.response_format)

@@ -19,8 +19,8 @@ from fastapi.staticfiles import StaticFiles
 
 from app.http.auth import authenticator
 from app.http.deps import RequestIdDep, ServiceDep
+from app.http.errors import kind_of
 from app.resources import STATIC, TEMPLATES
-from app.routes.monitoring import stats_report
 from app.serving.service import SpeechService
 from app.studio.templating import Pages
 from app.studio.view import (
@@ -96,8 +96,8 @@ def _context(request: Request, service: SpeechService, blocks: tuple[str, ...],
         "formats": FORMATS,
         "genders": GENDERS,
         "max_input_chars": service.settings.max_input_chars,
-        "model_ids": list(service.catalogue.models),
-        "default_voices": {m.id: m.default_voice for m in service.catalogue.models.values()},
+        "model_ids": [h.id for h in service.models()],
+        "default_voices": {h.id: h.entry.default_voice for h in service.models()},
     }
     if access.listing and "models" in blocks:
         ctx["models"] = model_rows(service)
@@ -112,7 +112,7 @@ def _context(request: Request, service: SpeechService, blocks: tuple[str, ...],
         ctx["voices"] = voice_view(service, filters, parse_keys(query.get("fav", "")),
                                    parse_keys(query.get("recent", "")))
     if access.admin and "stats" in blocks:
-        ctx["stats"] = stats_report(service)
+        ctx["stats"] = service.report()
     if access.admin and "requests" in blocks:
         ctx["requests"] = service.stats.requests(service.queue_position)[:RECENT_REQUESTS]
     ctx.update(extra)
@@ -148,17 +148,17 @@ async def model_action(model_id: str, action: Literal["load", "unload", "switch"
     status = 200
     notice: str | None = None
     try:
-        entry = service.catalogue.resolve(model_id)
+        handle = service.registry.resolve(model_id)
         if action == "load":
-            await service.registry.load(entry.id)
+            await service.registry.load(handle.id)
         elif action == "unload":
-            await service.registry.unload(entry.id)
+            await service.registry.unload(handle.id)
         else:
-            result = await service.registry.switch(entry.id, unload_previous=True)
+            result = await service.registry.switch(handle.id, unload_previous=True)
             if result.previous_busy:
-                notice = f"Switched to {entry.id}; {result.previous} is busy and stays loaded."
+                notice = f"Switched to {handle.id}; {result.previous} is busy and stays loaded."
     except VoxMuxError as exc:
-        status, notice = exc.status, exc.message
+        status, notice = kind_of(exc).status, exc.message
     ctx = _context(request, service, ("models",), notice=notice, notice_error=status >= 400)
     return _block(pages, "models", ctx, status)
 
@@ -182,10 +182,10 @@ async def generate(
         return _block(pages, "result", ctx, 401)
     try:
         clip = await synthesize(service, model=model, text=text, voice=voice.strip(),
-                                speed=speed, fmt=format, request_id=request_id)
+                                speed=speed, fmt=format, request_id=request_id, request=request)
     except VoxMuxError as exc:
         return _block(pages, "result", _context(request, service, ("result",), error=exc.message),
-                      exc.status)
+                      kind_of(exc).status)
     stored = clips.put(clip)
     ctx = _context(request, service, ("result",), clip=clip, stored=stored)
     return _block(pages, "result", ctx)

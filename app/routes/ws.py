@@ -1,52 +1,86 @@
-"""Streamed speech over WebSockets: VoxMux's `/ws/v1/tts` and `/ws/v1/tts/text`
-(app.protocols.websocket), LunaVox's `/v1/stream` and `/v1/stream/text`
-(app.protocols.lunavox_ws); one connection limit for all."""
+"""Streamed speech over WebSockets: each route is a framing and an input mode over one session
+loop (app.protocols.websocket); one connection limit for all.
+
+| route | framing | input |
+|---|---|---|
+| `/ws/v1/tts` | VoxMux | one request |
+| `/ws/v1/tts/text` | VoxMux | streamed text |
+| `/v1/stream` | LunaVox | one request |
+| `/v1/stream/text` | LunaVox | streamed text |
+"""
 
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from fastapi import APIRouter, WebSocket
-from starlette.datastructures import State
 
 from app.http.auth import authorize_websocket
-from app.protocols.lunavox_ws import StreamSession, TextStreamSession
-from app.protocols.websocket import ConnectionGate, Session, SpeechSession, TextSession
+from app.protocols import lunavox
+from app.protocols.schemas import (
+    StreamRequest,
+    SynthOptions,
+    WsOptions,
+    WsSpeechRequest,
+    WsTextMessage,
+)
+from app.protocols.voxmux_ws import VoxMuxFraming
+from app.protocols.websocket import (
+    Command,
+    ConnectionGate,
+    Framing,
+    InputMode,
+    OneRequest,
+    Session,
+    StreamedText,
+    parse,
+)
 from app.serving.service import SpeechService
 
 router = APIRouter(tags=["streaming"])
 
 
-def _gate(state: State, service: SpeechService) -> ConnectionGate:
+def _gate(websocket: WebSocket, service: SpeechService) -> ConnectionGate:
+    state = websocket.app.state
     gate: ConnectionGate | None = getattr(state, "ws_gate", None)
     if gate is None:
         gate = state.ws_gate = ConnectionGate(service.settings.ws_max_connections)
     return gate
 
 
-async def _serve(websocket: WebSocket, kind: type[Session]) -> None:
+def _voxmux_fragment(payload: dict[str, Any]) -> Command:
+    message = parse(WsTextMessage, payload)
+    return message.text, message.type
+
+
+async def _serve(websocket: WebSocket, framing: Framing, mode: InputMode) -> None:
     if not await authorize_websocket(websocket):
         return
     service: SpeechService = websocket.app.state.service
     request_id = str(websocket.scope.get("state", {}).get("request_id") or uuid.uuid4().hex)
-    await kind(websocket, service, request_id).run(_gate(websocket.app.state, service))
+    session = Session(websocket, service, request_id, framing, mode)
+    await session.run(_gate(websocket, service))
 
 
 @router.websocket("/ws/v1/tts")
 async def speech_socket(websocket: WebSocket) -> None:
-    await _serve(websocket, SpeechSession)
+    await _serve(websocket, VoxMuxFraming(text_in=False),
+                 OneRequest(WsSpeechRequest, cancel_message=True))
 
 
 @router.websocket("/ws/v1/tts/text")
 async def text_socket(websocket: WebSocket) -> None:
-    await _serve(websocket, TextSession)
+    await _serve(websocket, VoxMuxFraming(text_in=True), StreamedText(WsOptions, _voxmux_fragment))
 
 
 @router.websocket("/v1/stream")
 async def lunavox_socket(websocket: WebSocket) -> None:
-    await _serve(websocket, StreamSession)
+    await _serve(websocket, lunavox.LunaVoxFraming(text_in=False),
+                 OneRequest(StreamRequest, cancel_message=False))
 
 
 @router.websocket("/v1/stream/text")
 async def lunavox_text_socket(websocket: WebSocket) -> None:
-    await _serve(websocket, TextStreamSession)
+    await _serve(websocket, lunavox.LunaVoxFraming(text_in=True),
+                 StreamedText(SynthOptions, lunavox.fragment))

@@ -150,12 +150,25 @@ def _max(a: int | None, b: int | None) -> int | None:
     return a if b is None else max(a, b)
 
 
+@dataclass(frozen=True)
+class MemoryFigures:
+    """Memory over one request, in bytes; VRAM figures are None unless NVML measured them."""
+
+    rss_start: int | None
+    rss_end: int | None
+    rss_peak: int | None
+    vram_start: int | None
+    vram_end: int | None
+    vram_peak: int | None
+    vram_measured: bool
+
+
 class MemoryTracker:
-    """Memory over one request: a sample at start, `update()` on the way, `finish()` at the end."""
+    """Memory over one request: a sample at start, `update()` after each segment (in the engine
+    thread that made it, never on the event loop), `finish()` once at the end."""
 
     def __init__(self) -> None:
         self.start = sample()
-        self.end: MemorySample | None = None
         self._rss_peak = self.start.rss
         self._vram_peak = self.start.vram
 
@@ -165,22 +178,18 @@ class MemoryTracker:
         self._vram_peak = _max(self._vram_peak, now.vram)
         return now
 
-    def finish(self) -> None:
-        if self.end is None:
-            self.end = self.update()
-
-    def envelope(self) -> dict[str, object]:
-        end = self.end or self.update()
+    def finish(self) -> MemoryFigures:
+        end = self.update()
         measured = self.start.vram is not None and end.vram is not None
-        return {
-            "rss_start": self.start.rss,
-            "rss_end": end.rss,
-            "rss_peak": self._rss_peak,
-            "vram_start": self.start.vram if measured else None,
-            "vram_end": end.vram if measured else None,
-            "vram_peak": self._vram_peak if measured else None,
-            "vram_measured": measured,
-        }
+        return MemoryFigures(
+            rss_start=self.start.rss,
+            rss_end=end.rss,
+            rss_peak=self._rss_peak,
+            vram_start=self.start.vram if measured else None,
+            vram_end=end.vram if measured else None,
+            vram_peak=self._vram_peak if measured else None,
+            vram_measured=measured,
+        )
 
 
 def process_memory() -> dict[str, object]:

@@ -19,7 +19,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from app.serving.cache import AudioCache
-from app.serving.scheduler import Scheduler
+from app.serving.scheduler import Lane
+from app.serving.tracking import RequestStats
 from engines.registry import EngineRegistry, ModelStatus
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -29,33 +30,38 @@ _RTF = (0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1, 1.5, 2, 5)
 
 
 class _Levels(Collector):
-    def __init__(self, scheduler: Scheduler, registry: EngineRegistry, cache: AudioCache) -> None:
-        self._scheduler = scheduler
+    def __init__(self, registry: EngineRegistry[Lane], cache: AudioCache) -> None:
         self._registry = registry
         self._cache = cache
 
     def collect(self) -> Iterator[Metric]:
-        lanes = self._scheduler.lanes()
-        states = self._registry.status()
+        handles = self._registry.handles()
         queue = GaugeMetricFamily(
-            "voxmux_queue_depth", "Requests waiting for a slot", labels=["model"]
+            "voxmux_queue_depth", "Admitted requests waiting for their first turn",
+            labels=["model"],
         )
         active = GaugeMetricFamily(
-            "voxmux_active", "Requests holding a synthesis slot", labels=["model"]
+            "voxmux_active", "Requests being synthesized (they have had a turn)", labels=["model"]
+        )
+        calls = GaugeMetricFamily(
+            "voxmux_engine_calls_in_flight",
+            "Engine calls running now, counted in the engine threads", labels=["model"],
         )
         loaded = GaugeMetricFamily("voxmux_model_loaded", "1 when the model is ready",
                                    labels=["model"])
-        for model_id in states:
-            lane = lanes.get(model_id)
-            queue.add_metric([model_id], lane.queued if lane else 0)
-            active.add_metric([model_id], lane.running if lane else 0)
-            loaded.add_metric([model_id], int(states[model_id].status is ModelStatus.READY))
+        for handle in handles:
+            lane = handle.lane.state()
+            queue.add_metric([handle.id], lane.queued)
+            active.add_metric([handle.id], lane.running)
+            calls.add_metric([handle.id], lane.in_flight)
+            loaded.add_metric([handle.id], int(handle.status is ModelStatus.READY))
         yield queue
         yield active
+        yield calls
         yield loaded
         yield GaugeMetricFamily(
             "voxmux_models_loaded", "Models ready to synthesize",
-            value=sum(s.status is ModelStatus.READY for s in states.values()),
+            value=sum(h.status is ModelStatus.READY for h in handles),
         )
         yield CounterMetricFamily("voxmux_cache_hits", "Requests served from the audio cache",
                                   value=self._cache.hits)
@@ -68,7 +74,7 @@ class _Levels(Collector):
 
 
 class Metrics:
-    def __init__(self, scheduler: Scheduler, registry: EngineRegistry, cache: AudioCache) -> None:
+    def __init__(self, registry: EngineRegistry[Lane], cache: AudioCache) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "voxmux_requests", "Finished synthesis requests by model and outcome",
@@ -90,19 +96,17 @@ class Metrics:
             "voxmux_engine_load_seconds", "Engine load time", ["model"], buckets=_SECONDS,
             registry=self.registry,
         )
-        self.registry.register(_Levels(scheduler, registry, cache))
+        self.registry.register(_Levels(registry, cache))
 
-    def observe_request(self, model: str, status: str, total_s: float | None,
-                        ttfb_s: float | None, rtf: float | None) -> None:
-        self.requests.labels(model, status).inc()
-        if status != "done":
+    def observe_request(self, model: str, stats: RequestStats) -> None:
+        self.requests.labels(model, stats.outcome).inc()
+        if stats.outcome != "done":
             return
-        if total_s is not None:
-            self.duration.labels(model).observe(total_s)
-        if ttfb_s is not None:
-            self.ttfb.labels(model).observe(ttfb_s)
-        if rtf is not None:
-            self.rtf.labels(model).observe(rtf)
+        self.duration.labels(model).observe(stats.t_total_ms / 1000)
+        if stats.ttfb_ms is not None:
+            self.ttfb.labels(model).observe(stats.ttfb_ms / 1000)
+        if stats.rtf is not None:
+            self.rtf.labels(model).observe(stats.rtf)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

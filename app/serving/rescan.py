@@ -25,15 +25,13 @@ async def rescan_models(service: SpeechService) -> list[ModelRescan]:
     """Rescan each model's voice files without unloading it; a model whose voices were added,
     removed or replaced loses its cached audio."""
     results: list[ModelRescan] = []
-    for model_id, engine in service.engines.items():
+    for handle in service.models():
+        model_id, engine = handle.id, handle.engine
         if not isinstance(engine, Rescannable):
             results.append(ModelRescan(model_id, VoiceChanges()))
             continue
         changes = await asyncio.to_thread(engine.rescan)
-        cleared = 0
-        cache = getattr(service, "cache", None)
-        if changes and cache is not None:
-            cleared = int(cache.clear_model(model_id))
+        cleared = service.invalidate_model(model_id) if changes else 0
         if changes:
             log.info("rescan %s: added %s, removed %s, changed %s", model_id,
                      list(changes.added), list(changes.removed), list(changes.changed))

@@ -1,20 +1,33 @@
-"""Per-model admission: a concurrency limit and a bounded FIFO queue in front of each engine.
+"""A model's lane: how requests reach its engine.
 
-A finished request hands its slot straight to the oldest waiter, so nobody overtakes the queue.
-Beyond `queue_size` waiters a request is refused at once with `Overloaded` (429) and a
-`Retry-After` estimated from how long recent requests held their slots.
+Admission bounds how many requests a model takes on (`concurrency + queue_size`); one more is
+refused at once with `Overloaded` (429) and a `Retry-After` from how long recent requests took.
+An admitted request then asks for a turn for each of its segments: at most `concurrency` turns
+run at once, and a finished turn goes straight to the oldest waiter, so concurrent requests take
+segment-sized turns in arrival order and nobody overtakes. A turn's engine call runs on the
+lane's own threads (one per turn) and holds the turn until the call has really returned, even
+when the request was cancelled or timed out meanwhile: the cancel token stops the engine at its
+next step, and only then is the turn handed on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import threading
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TypeVar
 
-from engines.base import Overloaded, RequestTimeout
+from engines.base import CancelToken, Overloaded, RequestTimeout
+
+T = TypeVar("T")
+
+Abandon = Callable[[BaseException], None]
+"""Told why a call is being abandoned, before the lane waits for its thread to stop."""
 
 
 @dataclass(eq=False)
@@ -24,104 +37,172 @@ class _Waiter:
     granted: bool = False
 
 
-@dataclass(eq=False)
-class _Lane:
-    running: int = 0
-    waiters: deque[_Waiter] = field(default_factory=deque)
-    mean_seconds: float = 1.0
-
-
 @dataclass(frozen=True)
 class LaneState:
     running: int
+    """Admitted requests that have had their first turn."""
     queued: int
+    """Admitted requests still waiting for their first turn."""
+    in_flight: int
+    """Engine calls running now (counted in the engine threads)."""
 
 
-class Scheduler:
-    def __init__(self, concurrency: int, queue_size: int) -> None:
+class Lane:
+    def __init__(self, model_id: str, concurrency: int, queue_size: int) -> None:
+        self.model_id = model_id
         self.concurrency = concurrency
         self.queue_size = queue_size
-        self._lanes: dict[str, _Lane] = {}
+        self._executor = ThreadPoolExecutor(concurrency, thread_name_prefix=f"engine-{model_id}")
+        self._turns = 0
+        self._waiters: deque[_Waiter] = deque()
+        self._admitted: dict[str, bool] = {}
+        """Ticket -> whether it has had a turn yet, in admission order."""
+        self._mean_seconds = 1.0
+        self._count_lock = threading.Lock()
+        self._in_flight = 0
 
-    def _lane(self, model_id: str) -> _Lane:
-        lane = self._lanes.get(model_id)
-        if lane is None:
-            lane = self._lanes[model_id] = _Lane()
-        return lane
+    # -- state -------------------------------------------------------------------------------
+
+    def state(self) -> LaneState:
+        started = sum(self._admitted.values())
+        return LaneState(started, len(self._admitted) - started, self._in_flight)
 
     @property
-    def queued(self) -> int:
-        return sum(len(lane.waiters) for lane in self._lanes.values())
+    def in_flight(self) -> int:
+        return self._in_flight
 
-    @property
-    def active(self) -> int:
-        return sum(lane.running for lane in self._lanes.values())
+    def position(self, ticket: str) -> int | None:
+        """1-based place among the requests still waiting for their first turn; None once it
+        has started (or was never admitted)."""
+        waiting = [t for t, started in self._admitted.items() if not started]
+        return waiting.index(ticket) + 1 if ticket in waiting else None
 
-    def lanes(self) -> dict[str, LaneState]:
-        return {m: LaneState(lane.running, len(lane.waiters)) for m, lane in self._lanes.items()}
+    def retry_after(self) -> int:
+        """Seconds until an admitted request is likely to have left."""
+        return max(1, math.ceil(self._mean_seconds / max(1, len(self._admitted))))
 
-    def position(self, model_id: str, ticket: str) -> int | None:
-        """1-based place of `ticket` in the model's queue; None once it runs (or never queued)."""
-        lane = self._lanes.get(model_id)
-        if lane is None:
-            return None
-        for place, waiter in enumerate(lane.waiters, start=1):
-            if waiter.ticket == ticket:
-                return place
-        return None
-
-    def retry_after(self, model_id: str) -> int:
-        lane = self._lane(model_id)
-        ahead = len(lane.waiters) + lane.running
-        return max(1, math.ceil(lane.mean_seconds * ahead / self.concurrency))
+    # -- admission and turns -----------------------------------------------------------------
 
     @asynccontextmanager
-    async def slot(
-        self, model_id: str, ticket: str = "", timeout: float | None = None
-    ) -> AsyncIterator[None]:
-        """Hold one of the model's slots; waits in FIFO order, at most `timeout` seconds."""
-        lane = self._lane(model_id)
-        if lane.running < self.concurrency and not lane.waiters:
-            lane.running += 1
-        else:
-            await self._wait(model_id, lane, ticket, timeout)
-        started = asyncio.get_running_loop().time()
+    async def admitted(self, ticket: str) -> AsyncIterator[None]:
+        """Take one of the model's request places for the whole request, or raise Overloaded."""
+        if len(self._admitted) >= self.concurrency + self.queue_size:
+            raise Overloaded(
+                f"The '{self.model_id}' model is at capacity ({len(self._admitted)} requests "
+                "admitted); retry later",
+                retry_after=self.retry_after(),
+            )
+        self._admitted[ticket] = False
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
             yield
         finally:
-            elapsed = asyncio.get_running_loop().time() - started
-            lane.mean_seconds = 0.8 * lane.mean_seconds + 0.2 * elapsed
-            self._release(lane)
+            self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * (loop.time() - started)
+            del self._admitted[ticket]
 
-    async def _wait(self, model_id: str, lane: _Lane, ticket: str, timeout: float | None
-                    ) -> None:
-        if len(lane.waiters) >= self.queue_size:
-            raise Overloaded(
-                f"The '{model_id}' model is at capacity ({lane.running} running, "
-                f"{len(lane.waiters)} queued); retry later",
-                retry_after=self.retry_after(model_id),
-            )
+    @asynccontextmanager
+    async def turn(self, ticket: str, timeout: float | None) -> AsyncIterator[Turn]:
+        """Hold one of the `concurrency` turns; waits in FIFO order, at most `timeout` s."""
+        if self._turns < self.concurrency and not self._waiters:
+            self._turns += 1
+        else:
+            await self._wait(ticket, timeout)
+        if ticket in self._admitted:
+            self._admitted[ticket] = True
+        turn = Turn(self)
+        try:
+            yield turn
+        finally:
+            try:
+                await turn.stopped()
+            finally:
+                self._release()
+
+    async def _wait(self, ticket: str, timeout: float | None) -> None:
         waiter = _Waiter(ticket, asyncio.get_running_loop().create_future())
-        lane.waiters.append(waiter)
+        self._waiters.append(waiter)
         try:
             async with asyncio.timeout(timeout):
                 await waiter.future
         except BaseException as exc:
-            if waiter.granted:  # the slot arrived as we were cancelled: pass it on
-                self._release(lane)
-            elif waiter in lane.waiters:
-                lane.waiters.remove(waiter)
+            if waiter.granted:  # the turn arrived as we gave up: pass it on
+                self._release()
+            elif waiter in self._waiters:
+                self._waiters.remove(waiter)
             if isinstance(exc, TimeoutError):
                 raise RequestTimeout(
-                    f"The request waited {timeout:g} s in the '{model_id}' queue"
+                    f"The request waited {timeout:g} s for the '{self.model_id}' engine"
                 ) from None
             raise
 
-    def _release(self, lane: _Lane) -> None:
-        while lane.waiters:
-            waiter = lane.waiters.popleft()
+    def _release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
             if not waiter.future.done():
                 waiter.granted = True
                 waiter.future.set_result(None)
                 return
-        lane.running -= 1
+        self._turns -= 1
+
+    def _counted(self, fn: Callable[[], T]) -> T:
+        with self._count_lock:
+            self._in_flight += 1
+        try:
+            return fn()
+        finally:
+            with self._count_lock:
+                self._in_flight -= 1
+
+    def close(self) -> None:
+        """At shutdown: no new engine calls; one still running finishes in its thread."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class Turn:
+    """One granted turn: runs engine calls on the lane's threads."""
+
+    def __init__(self, lane: Lane) -> None:
+        self._lane = lane
+        self._future: asyncio.Future[object] | None = None
+
+    async def call(self, fn: Callable[[], T], cancel: CancelToken, timeout: float | None,
+                   abandon: Abandon | None = None) -> T:
+        """`fn()` on an engine thread. A timeout or a cancellation sets `cancel` (the engine
+        stops at its next step), tells `abandon` why, and waits for the thread to return before
+        raising: the turn is never handed on while its engine call still runs."""
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._lane._executor, self._lane._counted, fn)
+        self._future = future  # type: ignore[assignment]
+        try:
+            async with asyncio.timeout(timeout):
+                return await asyncio.shield(future)
+        except TimeoutError:
+            error: BaseException = RequestTimeout(
+                f"The '{self._lane.model_id}' engine made no progress for {timeout:g} s"
+            )
+        except asyncio.CancelledError as exc:
+            error = exc
+        cancel.cancel()
+        if abandon is not None:
+            abandon(error)
+        await self.stopped()
+        raise error
+
+    async def stopped(self) -> None:
+        """Wait, whatever cancels us meanwhile, until the last engine call has returned."""
+        future = self._future
+        if future is None:
+            return
+        cancelled = False
+        while not future.done():
+            try:
+                await asyncio.shield(future)
+            except asyncio.CancelledError:
+                cancelled = True
+            except Exception:
+                break
+        if not future.cancelled():
+            future.exception()  # retrieved: a failure after abandoning is not "never retrieved"
+        if cancelled:
+            raise asyncio.CancelledError

@@ -1,7 +1,10 @@
-"""What the server has been doing: a log of recent requests, totals and latency windows.
+"""What the server has been doing: one record per request, the requests running now, totals.
 
-`/requests` shows the log newest first; `/stats` shows totals and percentiles over the last
-`window` finished requests. Everything here is updated from the event loop only.
+A request is known by its ticket, unique within the process; the client's `X-Request-ID` maps to
+the tickets that carry it (clients may reuse ids). Each request has a live `RequestRecord` (its
+line in `/requests`) and, once it has ended, one `RequestStats`, built once: the stats envelope,
+the `/requests` row, `/stats`, Prometheus and LunaVox's stats are all read from it. Everything here
+is updated from the event loop only.
 """
 
 from __future__ import annotations
@@ -14,43 +17,94 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from app.serving.memory import MemoryFigures
+
 RequestStatus = Literal[
     "queued", "loading", "running", "streaming", "done", "error", "timeout", "cancelled"
 ]
 Outcome = Literal["done", "error", "timeout", "cancelled", "rejected"]
 """How a request ended; `rejected` (queue full, 429) shows as `error` in the log."""
+CacheUse = Literal["hit", "miss", "off"]
 
 _tickets = itertools.count(1)
 
 
-@dataclass
+def new_ticket() -> str:
+    return f"t{next(_tickets)}"
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    """A finished request, measured once when it ended."""
+
+    outcome: Outcome
+    error: str | None
+    started: float
+    """`time.perf_counter()` at admission to the service."""
+    t_total_ms: float
+    ttfb_ms: float | None
+    """Time to the first audio sample produced."""
+    audio_duration_ms: float
+    rtf: float | None
+    """Real-time factor: time taken per second of audio (engine time only for streamed text,
+    which waits on its writer between sentences)."""
+    segments: int
+    cache: CacheUse
+    mem: MemoryFigures
+
+    def envelope(self) -> dict[str, object]:
+        """The stats envelope: `X-VoxMux-Stats`, the SSE and WebSocket `done` events."""
+        return {
+            "t_total_ms": self.t_total_ms,
+            "ttfb_ms": self.ttfb_ms,
+            "audio_duration_ms": self.audio_duration_ms,
+            "rtf": self.rtf,
+            "segments": self.segments,
+            "cache": self.cache,
+            "mem": asdict(self.mem),
+        }
+
+
+@dataclass(eq=False)
 class RequestRecord:
+    """A request's line in `/requests`, kept up to date while it runs."""
+
     id: str
+    """The client's `X-Request-ID` (or the one VoxMux gave it)."""
     model: str
     voice: str
     chars: int
-    segments: int
+    segments: int | None
+    """Planned segments; None for streamed text, whose length is not known up front."""
+    ticket: str = field(default_factory=new_ticket)
     created: float = field(default_factory=time.time)
     status: RequestStatus = "queued"
-    cache: Literal["hit", "miss"] = "miss"
     segments_done: int = 0
-    ttfb_ms: float | None = None
-    t_total_ms: float | None = None
-    audio_duration_ms: float | None = None
-    rtf: float | None = None
-    error: str | None = None
-    ticket: str = field(default_factory=lambda: f"t{next(_tickets)}")
-    """Internal, unique even when clients reuse request ids; the scheduler queues by it."""
+    stats: RequestStats | None = None
 
     @property
     def finished(self) -> bool:
-        return self.status in ("done", "error", "timeout", "cancelled")
+        return self.stats is not None
 
     def public(self, queue_position: int | None) -> dict[str, object]:
-        data = asdict(self)
-        del data["ticket"]
-        data["queue_position"] = queue_position
-        return data
+        stats = self.stats
+        return {
+            "id": self.id,
+            "model": self.model,
+            "voice": self.voice,
+            "chars": self.chars,
+            "segments": self.segments if self.segments is not None else self.segments_done,
+            "created": self.created,
+            "status": self.status,
+            "cache": stats.cache if stats else None,
+            "segments_done": self.segments_done,
+            "ttfb_ms": stats.ttfb_ms if stats else None,
+            "t_total_ms": stats.t_total_ms if stats else None,
+            "audio_duration_ms": stats.audio_duration_ms if stats else None,
+            "rtf": stats.rtf if stats else None,
+            "error": stats.error if stats else None,
+            "queue_position": queue_position,
+        }
 
 
 def percentiles(values: Iterable[float], digits: int = 1) -> dict[str, float | None]:
@@ -67,6 +121,8 @@ def percentiles(values: Iterable[float], digits: int = 1) -> dict[str, float | N
 
 
 class ServingStats:
+    """Totals and percentile windows over finished requests, and the recent-request log."""
+
     def __init__(self, log_size: int = 100, window: int = 1000) -> None:
         self.started = time.time()
         self._clock = time.monotonic()
@@ -88,23 +144,17 @@ class ServingStats:
         self.recent.appendleft(record)
         return record
 
-    def close(self, record: RequestRecord, outcome: Outcome, envelope: dict[str, object],
-              error: str | None = None) -> None:
-        record.status = "error" if outcome == "rejected" else outcome
-        record.error = error
-        record.ttfb_ms = _number(envelope.get("ttfb_ms"))
-        record.t_total_ms = _number(envelope.get("t_total_ms"))
-        record.audio_duration_ms = _number(envelope.get("audio_duration_ms"))
-        record.rtf = _number(envelope.get("rtf"))
-        self.counts[outcome] += 1
-        if outcome != "done":
+    def close(self, record: RequestRecord, stats: RequestStats) -> None:
+        record.stats = stats
+        record.status = "error" if stats.outcome == "rejected" else stats.outcome
+        self.counts[stats.outcome] += 1
+        if stats.outcome != "done":
             return
-        if record.t_total_ms is not None:
-            self._latency.append(record.t_total_ms)
-        if record.ttfb_ms is not None:
-            self._ttfb.append(record.ttfb_ms)
-        if record.rtf is not None:
-            self._rtf.append(record.rtf)
+        self._latency.append(stats.t_total_ms)
+        if stats.ttfb_ms is not None:
+            self._ttfb.append(stats.ttfb_ms)
+        if stats.rtf is not None:
+            self._rtf.append(stats.rtf)
 
     def requests(self, position: Callable[[RequestRecord], int | None]) -> list[dict[str, object]]:
         return [r.public(None if r.finished else position(r)) for r in self.recent]
@@ -129,7 +179,3 @@ class ServingStats:
                 "mean": round(sum(rtf) / len(rtf), 4) if rtf else None,
             },
         }
-
-
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) else None

@@ -10,10 +10,11 @@ import asyncio
 import secrets
 from dataclasses import dataclass, field
 
-import numpy as np
 from cachetools import TTLCache
+from starlette.requests import Request
 
 from app.audio.encoders import CONTENT_TYPES, encode_whole
+from app.protocols.native import whole_clip
 from app.serving.service import SpeechService
 from engines.base import InvalidParameter, Voice
 from engines.frontend.detect import language_matches
@@ -76,7 +77,7 @@ class VoiceView:
 
 
 def all_voices(service: SpeechService) -> list[Voice]:
-    return [v for model_id in service.catalogue.models for v in service.engines[model_id].voices()]
+    return [v for handle in service.models() for v in handle.engine.voices()]
 
 
 def language_names(voices: list[Voice]) -> dict[str, str]:
@@ -106,7 +107,7 @@ def voice_view(service: SpeechService, filters: Filters, favourites: list[tuple[
     def pick(pairs: list[tuple[str, str]]) -> list[Voice]:
         # A recent voice may be a blend or an alias that no listing holds; it still shows.
         chosen = [known.get(voice_key(m, v)) or Voice(id=v, name=v, model=m) for m, v in pairs
-                  if m in service.catalogue.models]
+                  if m in service.registry]
         return [v for v in chosen if filters.matches(v)]
 
     matched = [v for v in voices if filters.matches(v)]
@@ -147,25 +148,22 @@ class ModelRow:
 
 
 def model_rows(service: SpeechService) -> list[ModelRow]:
-    states = service.registry.status()
-    current = service.registry.current
-    rows = []
-    for entry in service.catalogue.models.values():
-        state = states[entry.id]
-        rows.append(ModelRow(
-            id=entry.id,
-            engine=entry.engine,
-            description=entry.description,
-            status=str(state.status),
-            error=state.error,
-            refcount=state.refcount,
-            load_seconds=state.load_seconds,
-            voices=len(service.engines[entry.id].voices()),
-            default_voice=entry.default_voice,
-            aliases=entry.aliases,
-            current=entry.id == current,
-        ))
-    return rows
+    return [
+        ModelRow(
+            id=handle.id,
+            engine=handle.entry.engine,
+            description=handle.entry.description,
+            status=str(handle.status),
+            error=handle.error,
+            refcount=handle.refcount,
+            load_seconds=handle.load_seconds,
+            voices=len(handle.engine.voices()),
+            default_voice=handle.entry.default_voice,
+            aliases=handle.entry.aliases,
+            current=handle.current,
+        )
+        for handle in service.models()
+    ]
 
 
 @dataclass(frozen=True)
@@ -218,28 +216,26 @@ def new_clip_id() -> str:
 
 
 async def synthesize(service: SpeechService, *, model: str, text: str, voice: str | None,
-                     speed: float, fmt: str, request_id: str) -> Clip:
+                     speed: float, fmt: str, request_id: str, request: Request | None = None
+                     ) -> Clip:
     """One whole clip through the speech service, as `POST /v1/audio/speech` would make it."""
     if fmt not in FORMATS:
         raise InvalidParameter(
             f"The Studio plays {', '.join(FORMATS)}; '{fmt}' is not one of them", param="format"
         )
-    job = service.plan(model=model, text=text, voice=voice or None, speed=speed,
-                       request_id=request_id)
-    stream = service.run(job)
-    try:
-        chunks = [chunk async for chunk in stream]
-    finally:
-        await stream.aclose()
-    samples = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
+    plan = service.plan(model=model, text=text, voice=voice or None, speed=speed,
+                        request_id=request_id)
+    job = service.speak(plan)
+    samples = await whole_clip(job, request)
     data = await asyncio.to_thread(encode_whole, samples, job.sample_rate, fmt)
+    assert job.stats is not None
     return Clip(
         id=new_clip_id(),
         data=data,
         format=fmt,
-        model=job.model.id,
-        voice=job.voice,
+        model=plan.model_id,
+        voice=plan.voice,
         sample_rate=job.sample_rate,
-        stats=job.stats.envelope(job.sample_rate, len(job.segments)),
-        warnings=list(job.warnings),
+        stats=job.stats.envelope(),
+        warnings=list(plan.warnings),
     )

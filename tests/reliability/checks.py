@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from app.serving.scheduler import LaneState
 from tests.conftest import LiveServer
 
 
@@ -26,18 +27,27 @@ def assert_openai_error(body: Any, *, status: int | None = None) -> dict[str, An
     return error
 
 
+def lanes(live: LiveServer) -> LaneState:
+    """Every model's lane added up: requests started, waiting, engine calls running."""
+    states = [handle.lane.state() for handle in live.app.state.service.models()]
+    return LaneState(sum(s.running for s in states), sum(s.queued for s in states),
+                     sum(s.in_flight for s in states))
+
+
 def idle_state(live: LiveServer) -> dict[str, Any]:
-    """What must be back to zero once no client is left: slots, queue, leases, open streams."""
+    """What must be back to zero once no client is left: requests, engine calls, leases, jobs."""
     service = live.app.state.service
+    lane = lanes(live)
     return {
-        "active": service.scheduler.active,
-        "queued": service.scheduler.queued,
+        "active": lane.running,
+        "queued": lane.queued,
+        "in_flight": lane.in_flight,
         "refcounts": {m: s.refcount for m, s in service.registry.status().items() if s.refcount},
-        "streams": len(service.active),
+        "streams": len(service.running()),
     }
 
 
-IDLE = {"active": 0, "queued": 0, "refcounts": {}, "streams": 0}
+IDLE = {"active": 0, "queued": 0, "in_flight": 0, "refcounts": {}, "streams": 0}
 
 
 def wait_until(probe: Callable[[], Any], expected: Any, timeout: float = 20.0) -> Any:

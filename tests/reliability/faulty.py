@@ -1,9 +1,12 @@
 """A test engine whose faults are switched on by its text and by a shared `Faults` object.
 
 It is registered the way a user adds an adapter: an entry in `app.main.ENGINES` and a model in a
-catalogue that names it (see `faulty_catalogue`). A segment containing `BOOM` raises, one
-containing `HANG` blocks until `Faults.release` is set, one containing `SLOW` takes
-`Faults.slow_seconds`; `Faults.load_error` makes `load()` fail. Anything else is a short tone.
+catalogue that names it (see `faulty_catalogue`). A segment containing `BOOM` raises; `HANG`
+blocks until the request is cancelled (as a well-behaved engine stops when told) or
+`Faults.release` is set; `STUCK` blocks until `Faults.release` whatever happens (an engine that
+cannot be interrupted); `SLOW` takes `Faults.slow_seconds` and ignores cancels.
+`Faults.load_error` makes `load()` fail, `Faults.load_seconds` makes it slow. Every call counts in
+`running`/`peak`, and an `unload()` while a call runs is recorded. Anything else is a short tone.
 """
 
 from __future__ import annotations
@@ -32,15 +35,22 @@ SECONDS_PER_CHAR = 0.03
 @dataclass
 class Faults:
     load_error: str | None = None
+    load_seconds: float = 0.0
     slow_seconds: float = 1.0
     release: threading.Event = field(default_factory=threading.Event)
     hung: threading.Event = field(default_factory=threading.Event)
     """Set once a `HANG` segment is blocked, so a test knows the hang has begun."""
     loads: int = 0
     running: int = 0
-    """Segments being synthesized now; `peak` is the most there ever were at once."""
+    """Engine calls running now; `peak` is the most there ever were at once."""
     peak: int = 0
+    unloaded_while_running: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def reset_counts(self) -> None:
+        with self.lock:
+            self.peak = self.running
+            self.unloaded_while_running = 0
 
 
 class FaultyEngine:
@@ -58,11 +68,15 @@ class FaultyEngine:
 
     def load(self) -> None:
         self.faults.loads += 1
+        time.sleep(self.faults.load_seconds)
         if self.faults.load_error:
             raise RuntimeError(self.faults.load_error)
         self._loaded = True
 
     def unload(self) -> None:
+        with self.faults.lock:
+            if self.faults.running:
+                self.faults.unloaded_while_running += 1
         self._loaded = False
 
     def voices(self) -> list[Voice]:
@@ -73,18 +87,27 @@ class FaultyEngine:
             raise VoiceNotFound(f"The faulty engine has no voice '{req.voice}'", param="voice")
 
     def stream(self, req: SynthesisRequest) -> Iterator[Audio]:
-        if "BOOM" in req.text:
-            raise RuntimeError("injected fault")
-        if "HANG" in req.text:
-            self.faults.hung.set()
-            self.faults.release.wait(60)
-        if "SLOW" in req.text:
-            with self.faults.lock:
-                self.faults.running += 1
-                self.faults.peak = max(self.faults.peak, self.faults.running)
-            time.sleep(self.faults.slow_seconds)
-            with self.faults.lock:
-                self.faults.running -= 1
+        faults = self.faults
+        with faults.lock:
+            faults.running += 1
+            faults.peak = max(faults.peak, faults.running)
+        try:
+            if "BOOM" in req.text:
+                raise RuntimeError("injected fault")
+            if "HANG" in req.text:
+                faults.hung.set()
+                deadline = time.monotonic() + 60
+                while not (req.cancel.wait(0.01) or faults.release.is_set()):
+                    assert time.monotonic() < deadline, "a HANG was never released"
+                req.cancel.check()
+            if "STUCK" in req.text:
+                faults.hung.set()
+                faults.release.wait(60)
+            if "SLOW" in req.text:
+                time.sleep(faults.slow_seconds)
+        finally:
+            with faults.lock:
+                faults.running -= 1
         yield tone(len(req.text) * SECONDS_PER_CHAR)
 
     def synthesize(self, req: SynthesisRequest) -> Audio:

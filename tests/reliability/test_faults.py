@@ -49,6 +49,7 @@ def cleared(faults: Faults) -> Iterator[None]:
     faults.release = type(faults.release)()
     faults.hung.clear()
     faults.load_error = None
+    faults.reset_counts()
 
 
 def text(*sentences: str) -> str:
@@ -148,7 +149,7 @@ def test_failure_on_the_first_segment_is_a_500_before_any_audio(live: LiveServer
 
 # -- hangs ---------------------------------------------------------------------------------------
 
-def test_hang_before_the_first_audio_is_a_504_and_frees_the_slot(
+def test_hang_before_the_first_audio_is_a_504_and_stops_the_engine(
     live: LiveServer, faults: Faults
 ) -> None:
     with live.client() as client:
@@ -156,13 +157,45 @@ def test_hang_before_the_first_audio_is_a_504_and_frees_the_slot(
     assert response.status_code == 504
     assert assert_openai_error(response.json())["code"] == "timeout"
     assert faults.hung.is_set()
-    # The engine thread is still blocked, yet the slot and the lease are free for others.
+    # The timeout cancelled the engine call, which stopped: its turn and lease are free.
     assert_recovered(live)
     with live.client() as client:
         again = client.post("/v1/audio/speech", json={
             "model": MODEL, "input": text("Another request to the same model"),
             "response_format": "wav"})
     assert again.status_code == 200 and decode(again.content, "wav").duration > 0.5
+
+
+def in_flight(live: LiveServer, model: str = MODEL) -> float:
+    with live.client() as client:
+        text = client.get("/metrics").text
+    line = next(line for line in text.splitlines()
+                if line.startswith(f'voxmux_engine_calls_in_flight{{model="{model}"}}'))
+    return float(line.split()[-1])
+
+
+def test_an_engine_that_cannot_be_stopped_keeps_its_turn_until_it_returns(
+    live: LiveServer, faults: Faults
+) -> None:
+    """The client hears its 504 on time, but the engine call it abandoned still runs: its turn,
+    its lease and its request place stay held, visibly, until the call returns."""
+    with live.client() as client:
+        response = client.post("/v1/audio/speech", json={"model": MODEL, "input": text("STUCK")})
+        assert response.status_code == 504
+        assert faults.hung.is_set() and faults.running == 1
+        assert in_flight(live) == 1
+        assert client.get(f"/v1/models/{MODEL}").json()["running"] == 1
+        assert refcount(live) == 1
+        refused = client.post(f"/v1/models/{MODEL}/unload")
+        assert refused.status_code == 409  # never unloaded under a running call
+        rows = [r for r in client.get("/requests").json()["data"] if r["model"] == MODEL]
+        assert rows[0]["status"] == "running"  # ended for its client, not yet for the engine
+    faults.release.set()
+    assert_recovered(live)
+    with live.client() as client:
+        rows = [r for r in client.get("/requests").json()["data"] if r["model"] == MODEL]
+    assert rows[0]["status"] == "timeout"
+    assert in_flight(live) == 0
 
 
 def test_hang_after_the_first_audio_is_an_error_event_and_frame(live: LiveServer) -> None:

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer, decode, start_server, test_settings
-from tests.reliability.checks import IDLE, hang_up, idle_state, wait_until
+from tests.reliability.checks import IDLE, hang_up, idle_state, lanes, wait_until
 
 CLIENTS = 20
 
@@ -118,7 +118,6 @@ def test_disconnect_storm_leaves_nothing_behind(live: LiveServer) -> None:
 
 def test_a_client_that_leaves_while_queued_gives_up_its_place_at_once(live: LiveServer) -> None:
     """No engine time is spent on a request whose client is already gone."""
-    service = live.app.state.service
     tag = uuid.uuid4().hex[:8]
     holder_done = threading.Event()
 
@@ -134,18 +133,18 @@ def test_a_client_that_leaves_while_queued_gives_up_its_place_at_once(live: Live
     holder = threading.Thread(target=hold_the_slot)
     holder.start()
     try:
-        assert wait_until(lambda: service.scheduler.active, 1) == 1
+        assert wait_until(lambda: lanes(live).running, 1) == 1
         sockets = [
             send_raw(live.url, {"model": "piper", "input": f"Queued request {i} {tag}.",
                                 "response_format": "wav"}, request_id=f"queued-{i}-{tag}")
             for i in range(5)
         ]
-        assert wait_until(lambda: service.scheduler.queued, 5) == 5
+        assert wait_until(lambda: lanes(live).queued, 5) == 5
         for sock in sockets:
             hang_up(sock)
         # The places are given up while the holder still synthesizes, not when its turn comes.
-        assert wait_until(lambda: service.scheduler.queued, 0, timeout=5) == 0
-        assert service.scheduler.active == 1
+        assert wait_until(lambda: lanes(live).queued, 0, timeout=5) == 0
+        assert lanes(live).running == 1
     finally:
         holder_done.set()
         holder.join(30)

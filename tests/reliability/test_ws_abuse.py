@@ -196,7 +196,7 @@ def test_no_first_message_closes_with_1008(live: LiveServer) -> None:
 def test_endless_text_without_terminators_is_cut_and_the_session_keeps_working(
     live: LiveServer,
 ) -> None:
-    limit = live.app.state.service.engines["espeak"].capabilities.max_segment_chars
+    limit = live.app.state.service.registry["espeak"].engine.capabilities.max_segment_chars
     words = " ".join(f"word{i}" for i in range(90))  # ~600 characters, no sentence end
     segments: list[dict[str, Any]] = []
     with ws(live, "/ws/v1/tts/text") as conn:
@@ -218,7 +218,7 @@ def test_endless_text_without_terminators_is_cut_and_the_session_keeps_working(
 
 def test_endless_text_with_nothing_to_say_stays_bounded(live: LiveServer) -> None:
     """Punctuation is carried into the next sentence, but never more than one segment of it."""
-    limit = live.app.state.service.engines["espeak"].capabilities.max_segment_chars
+    limit = live.app.state.service.registry["espeak"].engine.capabilities.max_segment_chars
     with ws(live, "/ws/v1/tts/text") as conn:
         conn.send(json.dumps({"model": "espeak"}))
         assert json.loads(conn.recv(timeout=30))["type"] == "started"

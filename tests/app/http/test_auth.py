@@ -35,6 +35,8 @@ ADMIN: list[Route] = [
     ("POST", "/v1/models/switch", {"model": "espeak", "unload_previous": False}, 200),
     ("POST", "/v1/models/piper/unload", None, 200),
     ("POST", "/v1/models/rescan", None, 200),
+    # Knowing a request id is not enough to stop someone else's request.
+    ("POST", "/v1/audio/requests/no-such-request/cancel", None, 404),
 ]
 SYNTHESIS: list[Route] = [
     ("POST", "/v1/audio/speech", SPEAK, 200),
@@ -44,7 +46,6 @@ SYNTHESIS: list[Route] = [
     ("GET", "/v1/models", None, 200),
     ("GET", "/v1/models/espeak", None, 200),
     ("GET", "/v1/audio/voices?model=espeak", None, 200),
-    ("POST", "/v1/audio/requests/no-such-request/cancel", None, 404),
     ("GET", "/metrics", None, 200),
 ]
 OPEN: list[Route] = [

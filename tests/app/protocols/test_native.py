@@ -47,7 +47,7 @@ def test_synth_uses_the_default_model_and_takes_text_as_alias(server: LiveServer
         response = http.post("/v1/synth", json={"text": unique("Hi.")})
     default = server.app.state.settings.default_model
     assert response.status_code == 200
-    assert response.headers["x-voxmux-model"] == server.app.state.service.catalogue.resolve(
+    assert response.headers["x-voxmux-model"] == server.app.state.service.registry.resolve(
         default).id
 
 
@@ -113,7 +113,7 @@ def test_legacy_route_rejects_bad_queries(server: LiveServer, params: dict[str, 
 def test_one_shot_encoding_runs_off_the_event_loop(
         server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
     """A whole clip's mp3 encoding must not stall the streams the event loop is serving."""
-    from app.routes import native
+    from app.protocols import native
 
     threads: list[int] = []
 

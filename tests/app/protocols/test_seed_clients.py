@@ -143,7 +143,7 @@ def test_lunavox_failure_after_audio_began_sends_error(
     server: LiveServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     service: SpeechService = server.app.state.service
-    engine = service.engines["espeak"]
+    engine = service.registry["espeak"].engine
     real = engine.stream
     calls = 0
 

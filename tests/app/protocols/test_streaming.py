@@ -95,8 +95,9 @@ async def test_segment_joins_are_click_free_and_unclipped(tmp_path: Path) -> Non
     service = app.state.service
     try:
         for model in ("piper", "kokoro"):
-            stream = service.run(service.plan(model=model, text=" ".join(SENTENCES[:4])))
-            chunks = [chunk async for chunk in stream]
+            async with service.speak(service.plan(model=model, text=" ".join(SENTENCES[:4]))
+                                     ) as job:
+                chunks = [chunk async for chunk in job.audio()]
             assert len(chunks) >= 4
             inside = max(float(np.max(np.abs(np.diff(c)))) for c in chunks)
             joins = [abs(float(b[0]) - float(a[-1])) for a, b in pairwise(chunks)]
@@ -104,7 +105,7 @@ async def test_segment_joins_are_click_free_and_unclipped(tmp_path: Path) -> Non
             audio = np.concatenate(chunks)
             assert float(np.max(np.abs(audio))) <= 0.98 + 1e-6
             # a natural pause separates sentences: each later chunk starts with silence
-            rate = service.engines[model].sample_rate
+            rate = service.registry[model].engine.sample_rate
             for chunk in chunks[1:]:
                 assert float(np.max(np.abs(chunk[: rate // 10]))) < 0.01
     finally:

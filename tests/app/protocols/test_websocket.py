@@ -90,7 +90,8 @@ def refcount(server: LiveServer, model: str) -> int:
 def wait_idle(server: LiveServer, model: str, request_id: str) -> None:
     """The lease is released and the request gone from the active set, within a few seconds."""
     deadline = time.monotonic() + 5
-    while refcount(server, model) or request_id in server.app.state.service.active:
+    service = server.app.state.service
+    while refcount(server, model) or request_id in {j.plan.request_id for j in service.running()}:
         assert time.monotonic() < deadline, "the engine lease was not released"
         time.sleep(0.02)
 

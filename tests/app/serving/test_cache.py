@@ -86,7 +86,7 @@ def test_entries_are_read_only() -> None:
 @pytest.fixture
 def engine_calls(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """Counts every synthesis call that reaches the piper engine."""
-    engine: Engine = server.app.state.service.engines["piper"]
+    engine: Engine = server.app.state.service.registry["piper"].engine
     calls: list[str] = []
 
     def counting(name: str) -> Callable[..., Any]:

@@ -1,8 +1,10 @@
-"""Admission: FIFO slots, 429 over the queue, queue timeouts, and nobody idle holding an engine."""
+"""Lanes: admission with 429 over the queue, FIFO turns segment by segment, turn timeouts, a
+turn held until its engine call returns, and nobody idle holding an engine."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -12,21 +14,21 @@ import httpx
 import pytest
 
 from app.main import create_app
-from app.serving.scheduler import Scheduler
-from engines.base import Overloaded, RequestTimeout
+from app.serving.scheduler import Lane, LaneState
+from engines.base import CancelToken, Overloaded, RequestTimeout
 from tests.conftest import LiveServer, decode, start_server, test_settings
 
 WORDS = ["amber", "basil", "cedar", "delta", "ember", "fjord", "grove", "harbor", "indigo",
          "juniper"]
 
 
-async def test_slots_go_to_waiters_in_arrival_order() -> None:
-    scheduler = Scheduler(concurrency=1, queue_size=8)
+async def test_turns_go_to_waiters_in_arrival_order() -> None:
+    lane = Lane("m", concurrency=1, queue_size=8)
     order: list[int] = []
     release = asyncio.Event()
 
     async def job(n: int) -> None:
-        async with scheduler.slot("m", f"t{n}"):
+        async with lane.admitted(f"t{n}"), lane.turn(f"t{n}", None):
             order.append(n)
             await release.wait()
 
@@ -34,45 +36,66 @@ async def test_slots_go_to_waiters_in_arrival_order() -> None:
     await asyncio.sleep(0)
     waiters = [asyncio.create_task(job(n)) for n in range(1, 6)]
     await asyncio.sleep(0)
-    assert scheduler.active == 1 and scheduler.queued == 5
-    assert [scheduler.position("m", f"t{n}") for n in range(1, 6)] == [1, 2, 3, 4, 5]
+    assert lane.state().running == 1 and lane.state().queued == 5
+    assert [lane.position(f"t{n}") for n in range(1, 6)] == [1, 2, 3, 4, 5]
     release.set()
     await asyncio.gather(first, *waiters)
     assert order == [0, 1, 2, 3, 4, 5]
-    assert scheduler.active == scheduler.queued == 0
+    assert lane.state() == LaneState(0, 0, 0)
+    lane.close()
 
 
-async def test_over_the_queue_is_refused_with_retry_after() -> None:
-    scheduler = Scheduler(concurrency=1, queue_size=1)
+async def test_requests_take_turns_segment_by_segment() -> None:
+    """A request arriving while another is being synthesized gets the next turn: its first
+    audio waits for one segment, not for the whole of the earlier request."""
+    lane = Lane("m", concurrency=1, queue_size=8)
+    order: list[str] = []
+
+    async def request(name: str, segments: int) -> None:
+        async with lane.admitted(name):
+            for index in range(segments):
+                async with lane.turn(name, None) as turn:
+                    await turn.call(lambda: time.sleep(0.02), CancelToken(), None)
+                    order.append(f"{name}{index}")
+
+    first = asyncio.create_task(request("a", 3))
+    await asyncio.sleep(0.005)  # a's first segment is running
+    await asyncio.gather(first, request("b", 3))
+    assert order == ["a0", "b0", "a1", "b1", "a2", "b2"]
+    lane.close()
+
+
+async def test_over_capacity_is_refused_with_retry_after() -> None:
+    lane, other = Lane("m", concurrency=1, queue_size=1), Lane("o", concurrency=1, queue_size=1)
     hold = asyncio.Event()
 
-    async def job() -> None:
-        async with scheduler.slot("m"):
+    async def job(n: int) -> None:
+        async with lane.admitted(f"t{n}"), lane.turn(f"t{n}", None):
             await hold.wait()
 
-    tasks = [asyncio.create_task(job()) for _ in range(2)]
+    tasks = [asyncio.create_task(job(n)) for n in range(2)]
     await asyncio.sleep(0)
     with pytest.raises(Overloaded) as refused:
-        async with scheduler.slot("m"):
+        async with lane.admitted("t9"):
             pass
     assert refused.value.retry_after >= 1
-    async with scheduler.slot("other"):  # lanes are per model
+    async with other.admitted("t9"):  # lanes are per model
         pass
     hold.set()
     await asyncio.gather(*tasks)
-    assert scheduler.active == 0
+    assert lane.state() == LaneState(0, 0, 0)
 
 
 async def test_cancelled_and_timed_out_waiters_leave_the_queue() -> None:
-    scheduler = Scheduler(concurrency=1, queue_size=4)
+    lane = Lane("m", concurrency=1, queue_size=4)
     hold = asyncio.Event()
 
     async def holder() -> None:
-        async with scheduler.slot("m"):
+        async with lane.turn("h", None):
             await hold.wait()
 
     async def waiter(ticket: str, timeout: float | None = None) -> str:
-        async with scheduler.slot("m", ticket, timeout=timeout):
+        async with lane.admitted(ticket), lane.turn(ticket, timeout):
             return ticket
 
     running = asyncio.create_task(holder())
@@ -84,23 +107,23 @@ async def test_cancelled_and_timed_out_waiters_leave_the_queue() -> None:
         await waiter("b", timeout=0.05)
     cancelled.cancel()
     await asyncio.sleep(0)
-    assert scheduler.position("m", "c") == 1
+    assert lane.position("c") == 1
     hold.set()
     assert await last == "c"
     await running
-    assert scheduler.active == scheduler.queued == 0
+    assert lane.state() == LaneState(0, 0, 0)
 
 
-async def test_a_slot_granted_to_a_cancelled_waiter_passes_on() -> None:
-    scheduler = Scheduler(concurrency=1, queue_size=4)
+async def test_a_turn_granted_to_a_cancelled_waiter_passes_on() -> None:
+    lane = Lane("m", concurrency=1, queue_size=4)
     hold = asyncio.Event()
 
     async def holder() -> None:
-        async with scheduler.slot("m"):
+        async with lane.turn("h", None):
             await hold.wait()
 
     async def waiter(ticket: str) -> str:
-        async with scheduler.slot("m", ticket):
+        async with lane.turn(ticket, None):
             return ticket
 
     running = asyncio.create_task(holder())
@@ -109,11 +132,61 @@ async def test_a_slot_granted_to_a_cancelled_waiter_passes_on() -> None:
     heir = asyncio.create_task(waiter("b"))
     await asyncio.sleep(0)
     hold.set()
-    await asyncio.sleep(0)  # the holder leaves and grants "a" its slot ...
+    await asyncio.sleep(0)  # the holder leaves and grants "a" its turn ...
     doomed.cancel()  # ... which is cancelled before it could run
     assert await heir == "b"
     await asyncio.gather(running, doomed, return_exceptions=True)
-    assert scheduler.active == scheduler.queued == 0
+    assert lane.state() == LaneState(0, 0, 0)
+
+
+async def test_a_cancelled_call_holds_its_turn_until_the_engine_returns() -> None:
+    """Cancelling a request stops its engine call through the token; an engine that ignores
+    the token keeps the turn until it returns, so no second call ever overlaps it."""
+    lane = Lane("m", concurrency=1, queue_size=4)
+    stuck, token = threading.Event(), CancelToken()
+    abandoned: list[BaseException] = []
+
+    async def first() -> None:
+        async with lane.turn("a", None) as turn:
+            await turn.call(lambda: stuck.wait(5), token, None, abandoned.append)
+
+    async def second() -> int:
+        async with lane.turn("b", None) as turn:
+            return await turn.call(lambda: lane.in_flight, CancelToken(), None)
+
+    running = asyncio.create_task(first())
+    await asyncio.sleep(0.05)
+    assert lane.in_flight == 1
+    after = asyncio.create_task(second())
+    running.cancel()
+    await asyncio.sleep(0.1)
+    assert token.cancelled and not running.done() and not after.done()
+    assert lane.in_flight == 1  # the engine call still runs and still holds the only turn
+    stuck.set()
+    assert await after == 1  # only itself in flight when it ran
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert [type(e) for e in abandoned] == [asyncio.CancelledError]
+    assert lane.state() == LaneState(0, 0, 0)
+    lane.close()
+
+
+async def test_a_call_past_its_timeout_is_reported_at_once_and_released_when_it_stops() -> None:
+    lane = Lane("m", concurrency=1, queue_size=4)
+    token = CancelToken()
+    abandoned: list[BaseException] = []
+    started = time.monotonic()
+
+    async def call() -> None:
+        async with lane.turn("a", None) as turn:
+            await turn.call(lambda: token.wait(5), token, 0.1, abandoned.append)
+
+    with pytest.raises(RequestTimeout):
+        await call()
+    # The engine honoured the token: the timeout was told at once and the thread stopped.
+    assert [type(e) for e in abandoned] == [RequestTimeout]
+    assert time.monotonic() - started < 2 and lane.state() == LaneState(0, 0, 0)
+    lane.close()
 
 
 async def test_an_unread_stream_frees_its_slot_and_lease(tmp_path: Path) -> None:
@@ -121,20 +194,22 @@ async def test_an_unread_stream_frees_its_slot_and_lease(tmp_path: Path) -> None
     app = create_app(test_settings(tmp_path, preload=[]))
     service = app.state.service
     text = " ".join(f"Sentence {word} is spoken while nobody reads it." for word in WORDS)
-    job = service.plan(model="espeak", text=text)
-    stream = service.run(job)
+    plan = service.plan(model="espeak", text=text)
     try:
-        for _ in range(600):
-            if job.record.status == "done":
-                break
-            await asyncio.sleep(0.05)
-        assert job.record.status == "done"
-        assert service.scheduler.active == 0
-        assert service.registry.status()["espeak"].refcount == 0
-        samples = sum([len(chunk) async for chunk in stream])
-        assert samples == job.stats.samples > 22050 * 10
+        async with service.speak(plan) as job:
+            for _ in range(600):
+                if job.record.status == "done":
+                    break
+                await asyncio.sleep(0.05)
+            assert job.record.status == "done"
+            assert service.registry["espeak"].lane.state() == LaneState(0, 0, 0)
+            assert service.registry.status()["espeak"].refcount == 0
+            samples = sum([len(chunk) async for chunk in job.audio()])
+        assert job.stats is not None
+        assert samples > 22050 * 10
+        assert abs(samples / 22.05 - job.stats.audio_duration_ms) < 0.1
     finally:
-        await stream.aclose()
+        service.close()
         await service.registry.close()
 
 
@@ -189,8 +264,8 @@ async def test_overload_refuses_extras_and_serves_the_admitted(small_server: Liv
             assert audio.sample_rate == 22050 and 5 < audio.duration < 25 and audio.rms > 0.01
     # None: a request between its arrival and its first step through admission.
     assert positions - {None} <= {1, 2} and 1 in positions, positions
-    service = small_server.app.state.service
-    assert service.scheduler.active == 0 and service.scheduler.queued == 0
+    lane = small_server.app.state.service.registry["piper"].lane
+    assert lane.state() == LaneState(0, 0, 0)
     with small_server.client() as http:
         stats = http.get("/stats").json()
     assert stats["active"] == 0 and stats["queued"] == 0
@@ -198,7 +273,7 @@ async def test_overload_refuses_extras_and_serves_the_admitted(small_server: Liv
 
 
 def test_a_client_that_hangs_up_frees_the_slot(small_server: LiveServer) -> None:
-    service = small_server.app.state.service
+    lane = small_server.app.state.service.registry["piper"].lane
     text = " ".join(f"Paragraph {word} goes on and on about the weather in the hills."
                     for word in WORDS * 3)
     with small_server.client() as http, http.stream("POST", "/v1/audio/speech", json={
@@ -208,7 +283,7 @@ def test_a_client_that_hangs_up_frees_the_slot(small_server: LiveServer) -> None
         request_id = response.headers["x-request-id"]
         chunks = response.iter_bytes()
         next(chunks)
-        assert service.scheduler.active == 1
+        assert lane.state().running == 1
     # Closed after the first chunk: the rest of the synthesis must stop, not run to the end.
     with small_server.client() as http:
         for _ in range(600):
@@ -219,4 +294,4 @@ def test_a_client_that_hangs_up_frees_the_slot(small_server: LiveServer) -> None
     row = rows[request_id]
     assert row["status"] == "cancelled", row
     assert row["segments_done"] < row["segments"]
-    assert service.scheduler.active == 0
+    assert lane.state() == LaneState(0, 0, 0)

@@ -8,6 +8,7 @@ import random
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import httpx
@@ -135,8 +136,7 @@ def test_memory_tracker_reports_rss_and_honest_vram() -> None:
     ballast[::4096] = b"x" * len(ballast[::4096])  # touch every page so it is resident
     tracker.update()
     del ballast
-    tracker.finish()
-    mem = tracker.envelope()
+    mem = asdict(tracker.finish())
     assert isinstance(mem["rss_peak"], int) and isinstance(mem["rss_start"], int)
     assert mem["rss_peak"] >= mem["rss_start"] + (60 << 20)
     assert set(mem) == {"rss_start", "rss_end", "rss_peak", "vram_start", "vram_end",

@@ -1,0 +1,54 @@
+"""Whole clips: the one-shot routes (`POST /v1/synth`, `GET /api/tts`) and the Studio's player.
+
+A one-shot clip is synthesized whole before the response starts, so every failure keeps its
+status and the stats headers can hold end-of-request figures. A client that hangs up meanwhile
+cancels it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from app.audio.encoders import CONTENT_TYPES, encode_whole, output_rate
+from app.protocols.openai import job_headers
+from app.serving.job import SpeechJob
+from engines.base import Audio, InvalidParameter
+
+
+async def _cancel_on_disconnect(request: Request, job: SpeechJob) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    job.cancel()
+
+
+async def whole_clip(job: SpeechJob, request: Request | None = None) -> Audio:
+    """Run `job` to its end and return its audio; with `request`, a hang-up cancels it."""
+    async with job:
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, job)) if request else None
+        try:
+            audio = await job.whole()
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+    if not len(audio):
+        raise InvalidParameter("The input has nothing speakable in it", param="input",
+                               code="empty_audio")
+    return audio
+
+
+def compact(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+async def clip_response(job: SpeechJob, audio: Audio, fmt: str) -> Response:
+    """The encoded clip with the job's headers and its stats in `X-VoxMux-Stats`."""
+    # A whole clip through LAME or Opus takes long enough to stall every other stream.
+    body = await asyncio.to_thread(encode_whole, audio, job.sample_rate, fmt)
+    headers = job_headers(job, output_rate(fmt, job.sample_rate))
+    assert job.stats is not None
+    headers["X-VoxMux-Stats"] = compact(job.stats.envelope())
+    return Response(body, media_type=CONTENT_TYPES[fmt], headers=headers)

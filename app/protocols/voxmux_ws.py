@@ -1,0 +1,78 @@
+"""VoxMux's WebSocket framing (`/ws/v1/tts`, `/ws/v1/tts/text`).
+
+`started` first, then audio (binary int16 frames, or base64 `audio` JSON frames with
+`binary: false`), a `segment` frame after each segment, `progress` keepalives while no audio
+comes, and one final `done`, `error` or `cancelled` before the close. Close codes: 1000 after a
+final frame about the request itself (request errors included, like an HTTP 4xx answer); a
+protocol breach or a server failure closes with the error table's code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import WebSocket
+from pydantic import BaseModel
+
+from app.http.errors import error_body, kind_of
+from app.protocols.schemas import WsOptions
+from app.protocols.websocket import AudioOut, Closing, Progress, base64_frame
+from app.serving.job import SegmentEnd, SpeechJob, SpeechPlan
+from app.serving.service import SpeechService
+from engines.base import Cancelled
+
+
+class VoxMuxFraming:
+    def __init__(self, *, text_in: bool) -> None:
+        self.text_in = text_in
+        self.options = WsOptions(model="-")
+
+    def plan(self, service: SpeechService, options: BaseModel, text: str | None,
+             request_id: str) -> SpeechPlan:
+        assert isinstance(options, WsOptions)
+        self.options = options
+        fields = options.plan_fields()
+        if text is None:
+            return service.plan_stream(**fields, request_id=request_id)
+        return service.plan(**fields, text=text, request_id=request_id)
+
+    def audio(self, ws: WebSocket, plan: SpeechPlan) -> AudioOut:
+        as_json = None if self.options.binary else base64_frame
+        return AudioOut(ws, plan.sample_rate, self.options.format == "wav", as_json)
+
+    def started(self, job: SpeechJob) -> dict[str, Any]:
+        plan = job.plan
+        frame: dict[str, Any] = {
+            "type": "started",
+            "request_id": plan.request_id,
+            "model": plan.model_id,
+            "voice": plan.voice,
+            "sample_rate": plan.sample_rate,
+            "channels": 1,
+            "format": self.options.format,
+            "warnings": plan.warnings,
+        }
+        if not self.text_in:
+            frame["segments"] = job.segments
+        return frame
+
+    def segment(self, end: SegmentEnd) -> dict[str, Any]:
+        return {"type": "segment", "index": end.index, "text": end.text, "samples": end.samples}
+
+    def keepalive(self, progress: Progress) -> dict[str, Any]:
+        return {"type": "progress", "elapsed_ms": progress.elapsed_ms,
+                "segments_done": progress.segments_done, "audio_ms": progress.audio_ms}
+
+    def done(self, job: SpeechJob) -> dict[str, Any]:
+        assert job.stats is not None
+        frame: dict[str, Any] = {"type": "done", "request_id": job.plan.request_id}
+        if self.text_in:
+            frame["sentences"] = job.segments
+        return frame | {"stats": job.stats.envelope()}
+
+    def failure(self, exc: BaseException, job: SpeechJob | None, audio_sent: bool) -> Closing:
+        if isinstance(exc, Cancelled):
+            return Closing({"type": "cancelled"}, 1000, "cancelled")
+        kind = kind_of(exc)
+        reason = kind.breach or ("internal error" if kind.ws_close == 1011 else "error")
+        return Closing({"type": "error", **error_body(exc)}, kind.ws_close, reason)
