@@ -84,11 +84,12 @@ class Settings(BaseSettings):
     sentence_pause_ms: int = 250
     """Pause inserted between sentences of one request."""
     concurrency: int = Field(1, ge=1)
-    """Requests synthesized at once per model; more wait in the queue."""
+    """Engine calls at once per model; admitted requests take turns segment by segment."""
     queue_size: int = Field(16, ge=0)
-    """Requests allowed to wait per model; beyond it a 429 with Retry-After."""
+    """Requests a model admits beyond `concurrency`; one more gets a 429 with Retry-After."""
     request_timeout: float = Field(120, gt=0)
-    """Seconds a request may take in all before it is stopped (504)."""
+    """Seconds one segment may wait for its turn and synthesize; a request that makes no
+    progress for that long is stopped (504). A long text that keeps speaking is never cut."""
     default_model: str = "kokoro"
     """Model (id or alias) for `POST /v1/synth` and `GET /api/tts` requests that name none."""
 

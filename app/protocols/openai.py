@@ -88,7 +88,7 @@ class JobResponse(Response):
         self._content_type = media_type
         self._encoder = StreamEncoder(fmt, job.sample_rate)
         self._frame = body
-        self._extra_headers = job_headers(job, self._encoder.output_sample_rate) | (headers or {})
+        self._extra_headers = headers or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async with self.job:
@@ -107,8 +107,9 @@ class JobResponse(Response):
         except Exception as exc:
             await error_response(exc)(scope, receive, send)
             return
+        named = job_headers(self.job, self._encoder.output_sample_rate) | self._extra_headers
         headers = [(b"content-type", self._content_type.encode())]
-        headers += [(k.lower().encode(), v.encode()) for k, v in self._extra_headers.items()]
+        headers += [(k.lower().encode(), v.encode()) for k, v in named.items()]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         try:
             async for data in self._frame(self.job, _prepend(first, audio), self._encoder):

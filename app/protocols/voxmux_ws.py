@@ -15,7 +15,7 @@ from fastapi import WebSocket
 from pydantic import BaseModel
 
 from app.http.errors import error_body, kind_of
-from app.protocols.schemas import WsOptions
+from app.protocols.schemas import WsAudioFormat, WsOptions
 from app.protocols.websocket import AudioOut, Closing, Progress, base64_frame
 from app.serving.job import SegmentEnd, SpeechJob, SpeechPlan
 from app.serving.service import SpeechService
@@ -25,20 +25,21 @@ from engines.base import Cancelled
 class VoxMuxFraming:
     def __init__(self, *, text_in: bool) -> None:
         self.text_in = text_in
-        self.options = WsOptions(model="-")
+        self.format: WsAudioFormat = "pcm_s16le"
+        self.binary = True
 
     def plan(self, service: SpeechService, options: BaseModel, text: str | None,
              request_id: str) -> SpeechPlan:
         assert isinstance(options, WsOptions)
-        self.options = options
+        self.format, self.binary = options.format, options.binary
         fields = options.plan_fields()
         if text is None:
             return service.plan_stream(**fields, request_id=request_id)
         return service.plan(**fields, text=text, request_id=request_id)
 
     def audio(self, ws: WebSocket, plan: SpeechPlan) -> AudioOut:
-        as_json = None if self.options.binary else base64_frame
-        return AudioOut(ws, plan.sample_rate, self.options.format == "wav", as_json)
+        as_json = None if self.binary else base64_frame
+        return AudioOut(ws, plan.sample_rate, self.format == "wav", as_json)
 
     def started(self, job: SpeechJob) -> dict[str, Any]:
         plan = job.plan
@@ -49,7 +50,7 @@ class VoxMuxFraming:
             "voice": plan.voice,
             "sample_rate": plan.sample_rate,
             "channels": 1,
-            "format": self.options.format,
+            "format": self.format,
             "warnings": plan.warnings,
         }
         if not self.text_in:

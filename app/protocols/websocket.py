@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import numpy as np
 from fastapi import WebSocket, WebSocketDisconnect
@@ -317,10 +317,15 @@ def close_reason(text: str) -> str:
 # -- input modes ---------------------------------------------------------------------------------
 
 
+class _WithInput(Protocol):
+    input: str
+
+
 class OneRequest:
     """The first message holds the whole request; later messages may only cancel it."""
 
     def __init__(self, schema: type[BaseModel], *, cancel_message: bool) -> None:
+        """`schema`: the request model, with its text in `input`."""
         self.schema = schema
         self.cancel_message = cancel_message
         """Whether `{"type": "cancel"}` cancels (VoxMux); otherwise later messages are read only
@@ -328,7 +333,7 @@ class OneRequest:
 
     async def open(self, session: Session) -> tuple[BaseModel, str | None]:
         request = await session.first(self.schema)
-        return request, str(getattr(request, "input"))  # noqa: B009  (every schema has it)
+        return request, cast(_WithInput, request).input
 
     def message(self, payload: dict[str, Any], job: SpeechJob) -> None:
         if self.cancel_message and payload.get("type") == "cancel":

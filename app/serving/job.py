@@ -102,26 +102,32 @@ class _End:
 
 @dataclass(frozen=True)
 class JobContext:
-    """What a job uses of the service; `finished` is told once, when the job has stopped."""
+    """What a job uses of the service: `started` is told when the job starts, `finished` once
+    it has stopped (both only for jobs with a record)."""
 
     registry: EngineRegistry[Lane]
     cache: AudioCache
+    cache_key: Callable[[SpeechPlan], str]
     timeout: float
     pause_ms: int
+    started: Callable[[SpeechJob], None]
     finished: Callable[[SpeechJob], None]
 
 
 class SpeechJob:
-    def __init__(self, plan: SpeechPlan, context: JobContext, *, cache_key: str | None,
-                 cached: CachedAudio | None, record: RequestRecord | None) -> None:
+    def __init__(self, plan: SpeechPlan, context: JobContext) -> None:
         self.plan = plan
-        self.record = record
+        self.record: RequestRecord | None = None if plan.internal else RequestRecord(
+            id=plan.request_id, model=plan.model_id, voice=plan.voice,
+            chars=len(plan.text) if isinstance(plan.text, str) else 0,
+            segments=None if plan.streamed else len(plan.segments),
+        )
         self.stats: RequestStats | None = None
         """Built once, when the job has stopped."""
-        self.cache_use: CacheUse = "off" if plan.streamed else "hit" if cached else "miss"
+        self.cache_use: CacheUse = "off" if plan.streamed else "miss"
         self._context = context
-        self._cache_key = cache_key
-        self._cached = cached
+        self._cache_key: str | None = None
+        self._cached: CachedAudio | None = None
         self._cancel = CancelToken()
         self._events: asyncio.Queue[JobEvent | _End] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
@@ -157,9 +163,18 @@ class SpeechJob:
         await self.close()
 
     def start(self) -> None:
-        if self._task is None:
-            self._memory = MemoryTracker()
-            self._task = asyncio.create_task(self._produce(), name=f"speech-{self.ticket}")
+        """Look the request up in the cache and start working; once only."""
+        if self._task is not None:
+            return
+        plan, cache = self.plan, self._context.cache
+        if cache.enabled and not plan.internal and not plan.streamed:
+            self._cache_key = self._context.cache_key(plan)
+            self._cached = cache.get(self._cache_key)
+            self.cache_use = "hit" if self._cached is not None else "miss"
+        if self.record is not None:
+            self._context.started(self)
+        self._memory = MemoryTracker()
+        self._task = asyncio.create_task(self._produce(), name=f"speech-{self.ticket}")
 
     def cancel(self) -> None:
         """Stop the job: no further segments, the running engine call stops at its next step."""
@@ -259,7 +274,8 @@ class SpeechJob:
             cache=self.cache_use,
             mem=self._memory.finish(),
         )
-        self._context.finished(self)
+        if self.record is not None:
+            self._context.finished(self)
         if self._reported is None:
             self._events.put_nowait(_End(failure))
 

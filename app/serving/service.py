@@ -51,8 +51,8 @@ class SpeechService:
         self._jobs: dict[str, SpeechJob] = {}
         """Running jobs by ticket."""
         self._by_request_id: dict[str, set[str]] = defaultdict(set)
-        self._context = JobContext(registry, self.cache, settings.request_timeout,
-                                   settings.sentence_pause_ms, self._finished)
+        self._context = JobContext(registry, self.cache, self.cache_key, settings.request_timeout,
+                                   settings.sentence_pause_ms, self._started, self._finished)
 
     def close(self) -> None:
         """At shutdown: no new engine calls; one still running finishes in its thread."""
@@ -72,7 +72,7 @@ class SpeechService:
 
     def plan(self, *, model: str, text: str, voice: str | None = None, speed: float = 1.0,
              language: str | None = None, instructions: str | None = None,
-             request_id: str | None = None) -> SpeechPlan:
+             request_id: str | None = None, internal: bool = False) -> SpeechPlan:
         """A request checked against the model, its engine and the limits, cut into segments."""
         if not any(ch.isalnum() for ch in text):
             raise InvalidParameter(
@@ -85,6 +85,7 @@ class SpeechService:
                 param="input", code="string_above_max_length",
             )
         plan = self._plan(model, text, voice, speed, language, instructions, request_id)
+        plan.internal = internal
         plan.segments = split_text(
             text,
             max_chars=plan.engine.capabilities.max_segment_chars,
@@ -139,26 +140,16 @@ class SpeechService:
 
     def speak(self, plan: SpeechPlan) -> SpeechJob:
         """The job for `plan`, not yet started: use it as `async with service.speak(plan)`."""
-        cacheable = self.cache.enabled and not plan.internal and not plan.streamed
-        key = self.cache_key(plan) if cacheable else None
-        cached = self.cache.get(key) if key is not None else None
-        record = None
-        if not plan.internal:
-            record = self.stats.open(RequestRecord(
-                id=plan.request_id, model=plan.model_id, voice=plan.voice,
-                chars=len(plan.text) if isinstance(plan.text, str) else 0,
-                segments=None if plan.streamed else len(plan.segments),
-            ))
-        job = SpeechJob(plan, self._context, cache_key=key, cached=cached, record=record)
-        if record is not None:
-            self._jobs[job.ticket] = job
-            self._by_request_id[plan.request_id].add(job.ticket)
-        return job
+        return SpeechJob(plan, self._context)
+
+    def _started(self, job: SpeechJob) -> None:
+        assert job.record is not None
+        self.stats.open(job.record)
+        self._jobs[job.ticket] = job
+        self._by_request_id[job.plan.request_id].add(job.ticket)
 
     def _finished(self, job: SpeechJob) -> None:
-        """Called once by every job when it has stopped."""
-        if job.record is None or job.stats is None:
-            return
+        assert job.record is not None and job.stats is not None
         self._jobs.pop(job.ticket, None)
         tickets = self._by_request_id.get(job.plan.request_id)
         if tickets is not None:
@@ -190,8 +181,7 @@ class SpeechService:
 
     async def warm_up(self, model_id: str) -> None:
         """One short synthesis so the first real request pays no first-run cost."""
-        plan = self.plan(model=model_id, text=WARM_UP_TEXT)
-        plan.internal = True
+        plan = self.plan(model=model_id, text=WARM_UP_TEXT, internal=True)
         async with self.speak(plan) as job:
             await job.whole()
 
