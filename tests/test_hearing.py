@@ -1,0 +1,28 @@
+"""The listening helper itself: word error rate arithmetic and an honest transcription."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engines.base import SynthesisRequest
+from engines.espeak import EspeakEngine
+from tests.hearing import hear, normalize, word_error_rate
+
+
+def test_word_error_rate_counts_edits_over_the_reference() -> None:
+    assert word_error_rate("Call me at 42.", "call me at forty two") == 0
+    assert normalize("It's 9-5!") == ["it's", "nine", "five"]
+    assert word_error_rate("one two three four", "one too three") == 0.5
+    assert word_error_rate("a b", "") == 1.0
+
+
+def test_silence_says_nothing_and_speech_is_heard() -> None:
+    assert hear(np.zeros(16_000, np.float32), 16_000).text.strip(" .") == ""
+    engine = EspeakEngine()
+    engine.load()
+    text = "Please open the door."
+    audio = engine.synthesize(SynthesisRequest(text=text, voice="en-us"))
+    heard = hear(audio, engine.sample_rate)
+    assert word_error_rate(text, heard.text) <= 0.25, heard.text
+    starts = [w.start for w in heard.words]
+    assert starts == sorted(starts) and heard.words[-1].end <= len(audio) / engine.sample_rate + 0.5
