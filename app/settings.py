@@ -146,6 +146,10 @@ class Settings(BaseSettings):
     body_timeout: float = Field(30, gt=0)
     """Seconds a client has to send a whole request body once its head has arrived; then 408
     and the connection is closed."""
+    http_send_timeout: float = Field(300, gt=0)
+    """Seconds an HTTP client may accept no response bytes (its window full, nothing read)
+    before its connection is dropped, as if it had hung up. Long: a paused player may stop
+    reading a while."""
     keepalive_timeout: int = Field(5, ge=1)
     """Seconds an idle keep-alive connection stays open after a response."""
     max_connections: int = Field(512, ge=1)

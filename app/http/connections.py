@@ -4,13 +4,17 @@
 `voxmux serve` and the tests' servers call it, so the tests run what users run.
 
 uvicorn bounds idle keep-alive connections (`timeout_keep_alive`) and nothing else: a connection
-that never finishes its request head is held forever, its head may be any size (httptools keeps
-whatever comes), the number of connections is unbounded (`limit_concurrency` answers each request
-over it with a plain-text 503 and a logged warning), a request it cannot parse gets a plain-text
-400, and an invalid UTF-8 WebSocket text frame logs a traceback. The ASGI app sees none of this,
-so two small subclasses of uvicorn's own protocols (the ones its `auto` setting picks with
-uvicorn[standard]: httptools, websockets' sans-I/O) close those gaps where they arise:
+that never finishes its request head is held forever, and so is one whose client stops reading;
+a head may be any size (httptools keeps whatever comes); the number of connections is unbounded
+(`limit_concurrency` answers each request over it with a plain-text 503 and a logged warning); a
+request it cannot parse gets a plain-text 400; an invalid UTF-8 WebSocket text frame logs a
+traceback. The ASGI app sees none of this, so two small subclasses of uvicorn's own protocols
+(the ones its `auto` setting picks with uvicorn[standard]: httptools, websockets' sans-I/O)
+close those gaps where they arise:
 
+- send timeout: while the client accepts no bytes of a response (its window is full), a timer
+  runs; when it fires the connection is dropped, and the app sees a client that hung up (its
+  job is cancelled, its audio freed).
 - head timeout: a timer runs from the connection's start, and again from each response's end,
   until the next request head is complete; when it fires the connection is closed, after a 408
   if a request had begun. (The body is bounded in the app: app.http.limits.BodyTimeout.)
@@ -19,7 +23,8 @@ uvicorn[standard]: httptools, websockets' sans-I/O) close those gaps where they 
 - connection cap: a connection made while `max_connections` others are open (HTTP and
   WebSocket alike) gets its request answered 503 `too_many_connections` (a WebSocket: close
   1013) and is closed; it holds its place only until then, and no longer than the head timeout.
-- a request the parser refuses gets OpenAI's error shape instead of uvicorn's plain text.
+- a request the parser refuses (and a malformed WebSocket upgrade) gets OpenAI's error shape
+  instead of plain text.
 - an invalid UTF-8 text frame closes the WebSocket with 1007, logged in one debug line.
 """
 
@@ -37,6 +42,7 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.http11 import Request
 
 from app.http.errors import (
     ClientTooSlow,
@@ -65,12 +71,14 @@ WS_INVALID_DATA = 1007
 @dataclass(frozen=True)
 class ConnectionLimits:
     header_timeout: float = 10
+    send_timeout: float = 300
     max_connections: int = 512
     max_header_bytes: int = 65536
 
     @classmethod
     def of(cls, settings: Settings) -> ConnectionLimits:
-        return cls(settings.header_timeout, settings.max_connections, settings.max_header_bytes)
+        return cls(settings.header_timeout, settings.http_send_timeout, settings.max_connections,
+                   settings.max_header_bytes)
 
 
 def raw_error(exc: VoxMuxError, default_headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -132,6 +140,7 @@ class HttpProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
+        self._stall_timer: asyncio.TimerHandle | None = None
         self._head_begun = False
         self._head_bytes = 0
         self._refusal: VoxMuxError | None = None
@@ -147,7 +156,30 @@ class HttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._unstall()
         super().connection_lost(exc)
+
+    # the send timer: runs while the client accepts no bytes (the transport's buffer is full)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stall_timer is None:
+            self._stall_timer = self.loop.call_later(self.limits.send_timeout, self._stalled)
+
+    def resume_writing(self) -> None:
+        self._unstall()
+        super().resume_writing()
+
+    def _unstall(self) -> None:
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+
+    def _stalled(self) -> None:
+        self._stall_timer = None
+        log.info("%s read nothing for %g s; dropping its connection",
+                 "%s:%d" % self.client if self.client else "a client", self.limits.send_timeout)
+        self.transport.abort()  # the app sees a client that hung up
 
     # the head timer: from the start or the last response until the next head is complete
 
@@ -222,6 +254,29 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         super().connection_made(transport)
         if crowded:
             self.app = crowded_app(self.limits.max_connections)
+
+    def handle_connect(self, event: Request) -> None:
+        response = self.conn.accept(event)  # only a check until a response is sent
+        if response.status_code == 101:
+            super().handle_connect(event)
+            return
+        # uvicorn would send websockets' plain-text refusal of a malformed upgrade request.
+        self.request, self.response = event, response
+        self.handshake_initiated = True
+        self._refuse(response.status_code, response.body.decode(errors="replace").strip())
+
+    def handle_handshake_exception(self) -> None:
+        """The request could not even be parsed (websockets may have queued a 414 or 431)."""
+        answered = b"".join(self.conn.data_to_send())
+        status = int(answered[9:12]) if answered[9:12].isdigit() else 400
+        self._refuse(status, f"Failed to open a WebSocket connection: {self.conn.handshake_exc}")
+
+    def _refuse(self, status: int, message: str) -> None:
+        self.handshake_complete = True
+        self.close_sent = True
+        refusal = {414: UrlTooLong, 431: RequestHeadTooLarge}.get(status, MalformedRequest)
+        self.transport.write(raw_error(refusal(message), self.default_headers))
+        self.transport.close()
 
     def send_receive_event_to_app(self) -> None:
         if self.curr_msg_data_type == "text" and not self.close_sent:

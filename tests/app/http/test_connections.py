@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from tests.conftest import LiveServer, start_server, test_settings
-from tests.reliability.checks import assert_openai_error
+from tests.reliability.checks import IDLE, assert_openai_error, idle_state, wait_until
 
 TIMEOUT = 2.0
 SLACK = 10.0
@@ -33,7 +33,7 @@ SLACK = 10.0
 def strict(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     live = start_server(test_settings(tmp_path_factory.mktemp("strict"), preload=["espeak"],
                                       header_timeout=TIMEOUT, body_timeout=TIMEOUT,
-                                      keepalive_timeout=1))
+                                      http_send_timeout=TIMEOUT, keepalive_timeout=1))
     yield live
     live.stop()
 
@@ -125,6 +125,32 @@ def test_an_idle_keepalive_connection_is_closed(strict: LiveServer) -> None:
     assert answer.elapsed < 1 + SLACK  # VOXMUX_KEEPALIVE_TIMEOUT=1
 
 
+def test_a_client_that_stops_reading_is_dropped(strict: LiveServer) -> None:
+    """A streamed response nobody reads: the connection is dropped after the send timeout and
+    the request ends as if the client had hung up."""
+    text = "A client asked for this and then stopped listening to the answer. " * 50
+    body = json.dumps({"model": "espeak", "input": text, "response_format": "pcm"}).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window fills at once
+    sock.settimeout(60)
+    sock.connect(address(strict))
+    sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                 b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    time.sleep(TIMEOUT + 3)  # reading nothing
+    received = bytearray()
+    try:
+        while chunk := sock.recv(65536):
+            received.extend(chunk)
+    except ConnectionResetError:
+        pass
+    finally:
+        sock.close()
+    assert received.startswith(b"HTTP/1.1 200")
+    assert not received.endswith(b"0\r\n\r\n"), "the whole response arrived: nothing stalled"
+    assert wait_until(lambda: idle_state(strict), IDLE) == IDLE
+    assert len(received) < 2 * 24000 * len(text) / 15  # far less than the speech asked for
+
+
 @pytest.mark.parametrize(("request_bytes", "status", "code"), [
     (b"GET /health?" + b"q" * (2 << 20) + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "url_too_long"),
     (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n", 431,
@@ -132,7 +158,9 @@ def test_an_idle_keepalive_connection_is_closed(strict: LiveServer) -> None:
     (b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\rb\r\n\r\n", 400, "malformed_request"),
     (b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\nb\r\n\r\n", 400, "malformed_request"),
     (b"NOT HTTP AT ALL\r\n\r\n", 400, "malformed_request"),
-], ids=["2 MB query", "70 KB header", "bare CR", "bare LF", "not HTTP"])
+    (b"GET /ws/v1/tts HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+     b"Sec-WebSocket-Version: 13\r\n\r\n", 400, "malformed_request"),
+], ids=["2 MB query", "70 KB header", "bare CR", "bare LF", "not HTTP", "WebSocket without key"])
 def test_requests_the_parser_refuses_get_the_error_shape(
     strict: LiveServer, request_bytes: bytes, status: int, code: str
 ) -> None:
