@@ -177,8 +177,9 @@ class HttpProtocol(HttpToolsProtocol):
 
     def _stalled(self) -> None:
         self._stall_timer = None
-        log.info("%s read nothing for %g s; dropping its connection",
-                 "%s:%d" % self.client if self.client else "a client", self.limits.send_timeout)
+        client = "{}:{}".format(*self.client) if self.client else "a client"
+        log.info("%s read nothing for %g s; dropping its connection", client,
+                 self.limits.send_timeout)
         self.transport.abort()  # the app sees a client that hung up
 
     # the head timer: from the start or the last response until the next head is complete
