@@ -9,10 +9,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
 
-from app.http import errors
-from app.http.auth import Authenticator, install_log_redaction, require_synthesis, resolve_keys
-from app.http.limits import BodyLimitMiddleware, WebSocketSendTimeout
-from app.http.requestid import RequestIdMiddleware
+from app.http import edge
+from app.http.auth import require_synthesis
 from app.routes import cancel, health, models, monitoring, native, session, speech, studio, ws
 from app.serving.catalogue import Catalogue
 from app.serving.scheduler import Lane
@@ -100,15 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.service = service
     app.state.runtime = runtime
-    keys = [key.get_secret_value() for key in settings.api_keys]
-    app.state.auth = Authenticator(
-        resolve_keys(keys, settings.credentials_dir), settings.auth_scope, settings.session_ttl
-    )
-    install_log_redaction()
-    errors.install(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
-    app.add_middleware(WebSocketSendTimeout, seconds=settings.ws_send_timeout)
-    app.add_middleware(RequestIdMiddleware)  # outermost: the 413 above carries the id too
+    edge.install(app, settings)
     guarded = [Depends(require_synthesis)]  # WebSocket routes call authorize_websocket instead
     for module in (speech, models, cancel, native):
         app.include_router(module.router, dependencies=guarded)

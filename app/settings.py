@@ -7,13 +7,16 @@ win over the profile's values.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.resources import CONFIG
+
+_ORIGIN = re.compile(r"https?://[A-Za-z0-9.-]+(:\d{1,5})?|https?://\[[0-9A-Fa-f:.]+\](:\d{1,5})?")
 
 
 def _split_csv(value: Any) -> Any:
@@ -129,7 +132,46 @@ class Settings(BaseSettings):
     """Characters of text a `/ws/v1/tts/text` session may hold waiting to be spoken (text sent
     faster than it is spoken); beyond it the session ends with an error frame and close 1008."""
 
-    @field_validator("preload", "providers", "api_keys", mode="before")
+    allowed_origins: Annotated[list[str], NoDecode] = []
+    """Browser origins besides the server's own (`scheme://host[:port]`, comma list) whose pages
+    may send state-changing requests and open WebSockets without an API key (with the Studio's
+    session cookie, or on an open server). Keyed requests (Bearer, `?token=`) need no entry."""
+    cors_origins: Annotated[list[str], NoDecode] = []
+    """Origins (comma list, or `*`) whose pages may read API responses (CORS); empty = CORS off.
+    Never with credentials: cross-origin pages authenticate with `Authorization: Bearer`.
+    Explicit origins here are allowed origins too; `*` is not."""
+    header_timeout: float = Field(10, gt=0)
+    """Seconds a client has to send a whole request head (request line and headers), counted from
+    the connection's start or its previous response; then it is closed (408 if it began one)."""
+    body_timeout: float = Field(30, gt=0)
+    """Seconds a client has to send a whole request body once its head has arrived; then 408
+    and the connection is closed."""
+    http_send_timeout: float = Field(300, gt=0)
+    """Seconds an HTTP client may accept no response bytes (its window full, nothing read)
+    before its connection is dropped, as if it had hung up. Long: a paused player may stop
+    reading a while."""
+    keepalive_timeout: int = Field(5, ge=1)
+    """Seconds an idle keep-alive connection stays open after a response."""
+    max_connections: int = Field(512, ge=1)
+    """Open client connections (HTTP and WebSocket) at once; a request on one more is answered
+    503 (`too_many_connections`, WebSocket close 1013) and its connection closed."""
+    max_header_bytes: int = Field(65536, ge=1024)
+    """Largest request head (request line and headers); over it 414 (a long URL) or 431. The
+    default fits a `GET /api/tts` of `max_input_chars` characters of any script."""
+
+    @field_validator("allowed_origins", "cors_origins")
+    @classmethod
+    def _origins(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        origins = [origin.rstrip("/") for origin in value]
+        for origin in origins:
+            if origin == "*" and info.field_name == "cors_origins":
+                continue
+            if not _ORIGIN.fullmatch(origin):
+                raise ValueError(f"{origin!r} is not an origin like https://app.example:8443")
+        return origins
+
+    @field_validator("preload", "providers", "api_keys", "allowed_origins", "cors_origins",
+                     mode="before")
     @classmethod
     def _csv(cls, value: Any) -> Any:
         return _split_csv(value)

@@ -6,6 +6,7 @@ class that satisfies `Engine`; the registry owns its lifecycle.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -86,6 +87,20 @@ def concatenate(chunks: Iterator[Audio] | list[Audio]) -> Audio:
     return np.concatenate(parts).astype(np.float32, copy=False)
 
 
+_ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/(?:[\w.@+~-]+/)+([\w.@+~-]*)")
+
+
+def public_text(text: str) -> str:
+    """`text` with every absolute file path cut to its file name: libraries put the paths of
+    the files they failed on in their messages, and those messages reach clients."""
+    return _ABSOLUTE_PATH.sub(lambda m: m[1] or "/", text)
+
+
+def describe(exc: BaseException) -> str:
+    """`Type: message` of a library's exception, fit for a client (no server paths)."""
+    return public_text(f"{type(exc).__name__}: {exc}")
+
+
 class VoxMuxError(Exception):
     """Base of every error VoxMux reports to a client.
 
@@ -95,6 +110,7 @@ class VoxMuxError(Exception):
     """
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        message = public_text(message)  # often carries a library's message, paths and all
         super().__init__(message)
         self.message = message
         self.param = param

@@ -30,6 +30,7 @@ from engines.base import (
     Voice,
     VoiceNotFound,
     concatenate,
+    describe,
 )
 from engines.espeak_lib import espeak
 from engines.frontend import Run, base_language, ja, prepare, supported, zh
@@ -135,7 +136,7 @@ def scan_voice_dir(folder: Path | None) -> tuple[dict[str, StyleTable], dict[str
         try:
             pack = _read_voice_pack(path)
         except Exception as exc:  # a bad file must not take the other voices down
-            errors[path.name] = f"{type(exc).__name__}: {exc}"
+            errors[path.name] = describe(exc)
             log.warning("kokoro voice file %s skipped: %s", path, exc)
             continue
         for name, table in pack.items():
@@ -143,7 +144,7 @@ def scan_voice_dir(folder: Path | None) -> tuple[dict[str, StyleTable], dict[str
                 styles[name] = _style_vectors(table)
             except ValueError as exc:
                 key = path.name if path.suffix == ".npy" else f"{path.name}:{name}"
-                errors[key] = f"ValueError: {exc}"
+                errors[key] = describe(exc)
                 log.warning("kokoro voice %s in %s skipped: %s", name, path, exc)
     return styles, errors
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import onnxruntime as ort
 
-from engines.base import CancelToken
+from engines.base import CancelToken, public_text
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def _library_error(provider: str) -> str | None:
         ctypes.CDLL(str(capi / "libonnxruntime_providers_shared.so"), mode=ctypes.RTLD_GLOBAL)
         ctypes.CDLL(str(capi / plugin))
     except OSError as exc:
-        return f"{plugin} cannot load: {exc}"
+        return f"{plugin} cannot load: {public_text(str(exc))}"
     return None
 
 

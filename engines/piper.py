@@ -30,6 +30,7 @@ from engines.base import (
     Voice,
     VoiceNotFound,
     concatenate,
+    describe,
 )
 from engines.espeak_lib import espeak
 from engines.frontend import espeak_runs, ja
@@ -106,7 +107,7 @@ def scan_voice_dir(folder: Path | None) -> tuple[dict[str, PiperModel], dict[str
         try:
             model = _read_model(path)
         except Exception as exc:
-            errors[path.name] = f"{type(exc).__name__}: {exc}"
+            errors[path.name] = describe(exc)
             log.warning("piper voice %s skipped: %s", path, exc)
             continue
         models[model.stem] = model
@@ -175,7 +176,7 @@ class PiperEngine:
         try:
             model.open(self._runtime)
         except Exception as exc:
-            errors[model.stem] = f"{type(exc).__name__}: {exc}"
+            errors[model.stem] = describe(exc)
             log.warning("piper voice %s failed to load: %s", model.stem, exc)
 
     def load(self) -> None:

@@ -26,7 +26,7 @@ from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
 from engines import heap
-from engines.base import Engine, EngineBusy, LoadFailed, ModelNotFound
+from engines.base import Engine, EngineBusy, LoadFailed, ModelNotFound, public_text
 
 logger = logging.getLogger(__name__)
 
@@ -292,7 +292,7 @@ class EngineRegistry(Generic[L]):
             started = time.perf_counter()
             await asyncio.to_thread(_load_engine, handle.engine)
         except Exception as exc:
-            reason = str(exc) or type(exc).__name__
+            reason = public_text(str(exc)) or type(exc).__name__
             logger.error("model %s failed to load: %s", handle.id, reason)
             self._set(handle, ModelStatus.ERROR, reason)
             raise LoadFailed(f"model {handle.id!r} failed to load: {reason}") from exc

@@ -18,6 +18,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
+from app.http.connections import server_config
 from app.main import create_app
 from app.settings import Settings
 
@@ -48,8 +49,7 @@ class LiveServer:
 def start_server(settings: Settings) -> LiveServer:
     port = free_port()
     app = create_app(settings)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                            ws_max_size=1 << 20)
+    config = server_config(app, settings, host="127.0.0.1", port=port, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

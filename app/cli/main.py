@@ -14,6 +14,7 @@ import uvicorn
 
 from app.cli import doctor
 from app.cli.logs import configure_logging
+from app.http.connections import server_config
 from app.main import create_app
 from app.settings import Settings, load_settings
 from engines import heap
@@ -64,8 +65,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(doctor.run(settings, as_json=args.json, strict=args.strict))
     configure_logging(settings)
     heap.limit_arenas()  # before uvicorn and the engines start their threads
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level=settings.log_level, log_config=None, ws_max_size=1 << 20)
+    server = uvicorn.Server(server_config(create_app(settings), settings))
+    server.run()
+    if not server.started:  # the port is taken, or the app failed to start
+        raise SystemExit(3)
 
 
 if __name__ == "__main__":

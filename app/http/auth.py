@@ -146,13 +146,17 @@ class Authenticator:
         self._revoked = {n: t for n, t in self._revoked.items() if t >= now}
         self._revoked[nonce] = float(expires)
 
-    def authorized(self, conn: HTTPConnection, *, query_token: bool = False) -> bool:
-        if not self.enabled:
-            return True
+    def presents_key(self, conn: HTTPConnection, *, query_token: bool = False) -> bool:
+        """A valid key in `Authorization: Bearer` (or `?token=`), not just the session cookie."""
         scheme, _, credentials = conn.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and self.match(credentials.strip()):
             return True
-        if query_token and self.match(conn.query_params.get("token")):
+        return query_token and self.match(conn.query_params.get("token")) is not None
+
+    def authorized(self, conn: HTTPConnection, *, query_token: bool = False) -> bool:
+        if not self.enabled:
+            return True
+        if self.presents_key(conn, query_token=query_token):
             return True
         return self.session_valid(conn.cookies.get(COOKIE))
 

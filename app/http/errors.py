@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, routing
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
@@ -58,6 +58,36 @@ class RequestTooLarge(VoxMuxError, HTTPException):
         message = f"The request body is larger than the {limit} bytes this server accepts"
         VoxMuxError.__init__(self, message)
         self.status_code, self.detail, self.headers = 413, message, None
+
+
+class ClientTooSlow(VoxMuxError, HTTPException):
+    """The request head or body did not arrive within its timeout; the connection is closed.
+
+    An `HTTPException` for the same reason as `RequestTooLarge`: it is raised while FastAPI
+    reads the body.
+    """
+
+    def __init__(self, part: str, seconds: float) -> None:
+        message = f"The request {part} did not arrive within {seconds:g} s"
+        VoxMuxError.__init__(self, message)
+        self.status_code, self.detail = 408, message
+        self.headers = {"Connection": "close"}  # what is left of the body is never read
+
+
+class MalformedRequest(VoxMuxError):
+    """Bytes the HTTP parser refuses (a bare CR or LF in a header, a broken request line)."""
+
+
+class RequestHeadTooLarge(VoxMuxError):
+    """The request line and headers together are over `max_header_bytes`."""
+
+
+class UrlTooLong(RequestHeadTooLarge):
+    """The request target (path and query string) alone is over the head limit."""
+
+
+class TooManyConnections(VoxMuxError):
+    """Every one of the `max_connections` connection places is taken."""
 
 
 class SessionError(VoxMuxError):
@@ -110,6 +140,11 @@ TABLE: dict[type[Exception], ErrorKind] = {
     Forbidden: ErrorKind(403, "permission_error", "forbidden", ws_close=1008, lunavox_close=1008),
     RequestNotFound: ErrorKind(404, _BAD, "request_not_found"),
     RequestTooLarge: ErrorKind(413, _BAD, "request_too_large"),
+    ClientTooSlow: ErrorKind(408, _BAD, "client_too_slow"),
+    MalformedRequest: ErrorKind(400, _BAD, "malformed_request"),
+    RequestHeadTooLarge: ErrorKind(431, _BAD, "request_head_too_large"),
+    UrlTooLong: ErrorKind(414, _BAD, "url_too_long"),
+    TooManyConnections: ErrorKind(503, _SERVER, "too_many_connections", 1013, 1013),
     NotJson: ErrorKind(400, _BAD, "invalid_json", 1003, 1003, "expected a JSON object"),
     MessageTooBig: ErrorKind(413, _BAD, "message_too_large", 1009, 1009, "message too big"),
     NoRequest: ErrorKind(408, _BAD, "timeout", 1008, 1008, "no request in time"),
@@ -146,10 +181,18 @@ def error_body(exc: BaseException) -> dict[str, Any]:
     return ErrorResponse(error=info).model_dump()
 
 
+def error_headers(exc: BaseException) -> dict[str, str]:
+    headers = dict(getattr(exc, "headers", None) or {})
+    if isinstance(exc, Overloaded):
+        headers["Retry-After"] = str(exc.retry_after)
+    elif isinstance(exc, TooManyConnections):
+        headers.update({"Retry-After": "1", "Connection": "close"})
+    return headers
+
+
 def error_response(exc: BaseException) -> JSONResponse:
-    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, Overloaded) else None
     return JSONResponse(error_body(exc), status_code=kind_of(as_voxmux(exc)).status,
-                        headers=headers)
+                        headers=error_headers(exc) or None)
 
 
 _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
@@ -189,8 +232,21 @@ async def _on_voxmux(_: Request, exc: VoxMuxError) -> JSONResponse:
     return error_response(exc)
 
 
-async def _on_http(_: Request, exc: HTTPException) -> JSONResponse:
+def allowed_methods(app: FastAPI, path: str) -> list[str]:
+    """The methods the routes of `path` take. Routes with a literal path shadow parameterized
+    ones (`/v1/models/switch` is not a model id)."""
+    matching = [route for route in routing.iter_route_contexts(app.routes)
+                if route.methods and getattr(route, "path_regex", None) is not None
+                and route.path_regex.match(path)]
+    literal = [route for route in matching if "{" not in str(route.path_format)]
+    return sorted({method for route in literal or matching for method in route.methods or ()})
+
+
+async def _on_http(request: Request, exc: HTTPException) -> JSONResponse:
     headers = dict(exc.headers) if exc.headers else None
+    if exc.status_code == 405 and headers is not None:
+        # Starlette names the methods of the first route whose path matches, not all of them.
+        headers["Allow"] = ", ".join(allowed_methods(request.app, request.scope["path"]))
     return _plain(exc.status_code, str(exc.detail), headers=headers)
 
 

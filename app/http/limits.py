@@ -5,6 +5,11 @@ take as much memory as it likes before `max_input_chars` ever refuses it. A decl
 `Content-Length` over the bound is answered 413 at once; a chunked body is counted as it arrives
 and refused as soon as it passes the bound.
 
+A body that stops arriving (a chunked body never ended, one shorter than its Content-Length)
+would hold its connection and the route waiting for it forever: the whole body must arrive
+within `body_timeout` seconds of the request head, else 408 and the connection is closed. (The
+head itself is bounded below the app, in app.http.connections.)
+
 A WebSocket client that stops reading blocks every frame sent to it, and uvicorn never drops
 such a connection itself (its close waits for a flush that never comes), so the session would
 keep its connection place forever. A send that waits too long ends the session instead.
@@ -17,7 +22,7 @@ import logging
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.http.errors import RequestTooLarge, error_response
+from app.http.errors import ClientTooSlow, RequestTooLarge, error_response
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +52,34 @@ class BodyLimitMiddleware:
             return message
 
         await self.app(scope, counted, send)
+
+
+class BodyTimeout:
+    def __init__(self, app: ASGIApp, seconds: float) -> None:
+        self.app = app
+        self.seconds = seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        deadline = asyncio.get_running_loop().time() + self.seconds
+        complete = False
+
+        async def timed() -> Message:
+            nonlocal complete
+            if complete:  # later reads wait for a disconnect, which may take all day
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                log.info("a request body did not arrive within %g s; closing", self.seconds)
+                raise ClientTooSlow("body", self.seconds) from None
+            complete = message["type"] != "http.request" or not message.get("more_body")
+            return message
+
+        await self.app(scope, timed, send)
 
 
 class ClientStalled(OSError):

@@ -34,9 +34,12 @@ CONFIG = schemathesis.Config.from_dict({
 })
 REAL_MODELS = ("espeak", "piper", "kokoro", "tts-1")
 
-# The schema comes from an app built here (building one loads no model); requests go to the live
-# server below, which serves the same routes.
-schema = schemathesis.openapi.from_dict(create_app(Settings(preload=[])).openapi(), config=CONFIG)
+MAX_INPUT_CHARS = 120
+# The schema comes from an app built here (building one loads no model) with the live server's
+# limits; requests go to the live server below, which serves the same routes.
+schema = schemathesis.openapi.from_dict(
+    create_app(Settings(preload=[], max_input_chars=MAX_INPUT_CHARS)).openapi(), config=CONFIG
+)
 
 
 @schema.hook
@@ -67,7 +70,7 @@ def flatmap_query(ctx: Any, query: Any) -> st.SearchStrategy[Any]:
 def fuzzed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     settings = test_settings(
         tmp_path_factory.mktemp("fuzz"), preload=["espeak"], default_model="espeak",
-        max_input_chars=120, request_timeout=30,
+        max_input_chars=MAX_INPUT_CHARS, request_timeout=30,
     )
     live = start_server(settings)
     yield live

@@ -55,13 +55,35 @@ def browser() -> Iterator[Browser]:
         chromium.close()
 
 
+# Every Content-Security-Policy violation on a page, as the browser reports it to the page.
+RECORD_CSP_VIOLATIONS = """
+window.__csp = [];
+document.addEventListener('securitypolicyviolation', (e) => window.__csp.push(
+  `${e.effectiveDirective} blocked ${e.blockedURI || 'inline'} (${e.sourceFile}:${e.lineNumber})`));
+"""
+
+
+def csp_violations(ctx: BrowserContext, console: list[str]) -> list[str]:
+    found = [m for m in console if "Content Security Policy" in m]
+    for page in ctx.pages:
+        if not page.is_closed():
+            found += page.evaluate("window.__csp || []")
+    return found
+
+
 @pytest.fixture
 def context(browser: Browser) -> Iterator[BrowserContext]:
+    """A fresh context; when the test is done, no page of it has broken the Studio's CSP."""
     ctx = browser.new_context(viewport={"width": 1280, "height": 900})
     ctx.set_default_timeout(TIMEOUT_MS)
     ctx.add_init_script(COUNT_SCHEDULED)
+    ctx.add_init_script(RECORD_CSP_VIOLATIONS)
+    console: list[str] = []
+    ctx.on("console", lambda message: console.append(message.text))
     yield ctx
+    violations = csp_violations(ctx, console)
     ctx.close()
+    assert violations == []
 
 
 def open_studio(context: BrowserContext, url: str) -> Page:
@@ -340,5 +362,46 @@ def test_usable_at_phone_width(server: LiveServer, browser: Browser) -> None:
         page.select_option("#model", "espeak")
         page.click("#generate")
         expect(page.locator("#player")).to_be_attached()
+    finally:
+        ctx.close()
+
+
+def test_the_policy_refuses_what_the_studio_never_does(server: LiveServer,
+                                                      browser: Browser) -> None:
+    """The violation check of `context` can fail: an injected inline script is refused, and
+    reported both ways it looks."""
+    ctx = browser.new_context()
+    try:
+        ctx.add_init_script(RECORD_CSP_VIOLATIONS)
+        console: list[str] = []
+        ctx.on("console", lambda message: console.append(message.text))
+        page = open_studio(ctx, server.url)
+        page.evaluate("""() => {
+            const script = document.createElement('script');
+            script.textContent = 'window.__injected = true';
+            document.head.appendChild(script);
+        }""")
+        page.wait_for_function("() => window.__csp.length > 0")
+        assert page.evaluate("window.__injected") is None
+        violations = csp_violations(ctx, console)
+        assert any("script-src" in v for v in violations), violations
+        assert any("Content Security Policy" in m for m in console), console
+    finally:
+        ctx.close()
+
+
+def test_the_studio_cannot_be_framed(server: LiveServer, browser: Browser) -> None:
+    ctx = browser.new_context()
+    try:
+        page = ctx.new_page()
+        page.goto(server.url + "/static/studio.css")  # a page of the server's own origin, even
+        with page.expect_console_message(lambda m: "frame-ancestors 'none'" in m.text):
+            page.evaluate(f"""() => {{
+                const frame = document.createElement('iframe');
+                frame.src = {json.dumps(server.url + "/")};
+                document.body.appendChild(frame);
+            }}""")
+        framed = next(f for f in page.frames if f is not page.main_frame)
+        assert framed.evaluate("() => typeof window.Studio") == "undefined"
     finally:
         ctx.close()

@@ -185,7 +185,7 @@ def test_auth_hints_until_signed_in(keyed: LiveServer) -> None:
 
         assert client.post("/v1/auth/session", json={"key": "studio-route-key"}).status_code == 200
         signed_in = client.get("/").text
-        made = client.post("/studio/generate", headers=HX,
+        made = client.post("/studio/generate", headers=HX | {"Origin": keyed.url},
                            data={"model": "espeak", "text": "Hello.", "format": "wav"})
         audio = client.get(_audio_src(made.text))
     assert "Signed in" in signed_in and 'id="api-key"' not in signed_in

@@ -351,6 +351,14 @@
     }
   });
 
+  // The voice list shows favourites and recent voices first: they live here, not on the server.
+  document.addEventListener("htmx:configRequest", (event) => {
+    if (event.detail.elt.id === "voice-filters") {
+      event.detail.parameters.fav = Studio.favourites().join(",");
+      event.detail.parameters.recent = Studio.recent().join(",");
+    }
+  });
+
   document.addEventListener("htmx:beforeRequest", (event) => {
     if (event.detail.elt.id === "compose") {
       const { model, resolved } = chosen();

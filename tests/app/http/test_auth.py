@@ -119,7 +119,8 @@ def ways_in(server: LiveServer) -> dict[str, dict[str, str]]:
     return {
         "bearer": {"Authorization": f"Bearer {KEY}"},
         "second key": {"Authorization": f"Bearer {SECOND}"},
-        "cookie": {"Cookie": f"{COOKIE}={session_cookie(server)}"},
+        # The cookie is a browser's: it comes with the page's own Origin (app.http.origin).
+        "cookie": {"Cookie": f"{COOKIE}={session_cookie(server)}", "Origin": server.url},
     }
 
 
@@ -182,7 +183,8 @@ def test_websocket_accepts_token_bearer_and_cookie(all_server: LiveServer) -> No
     assert speak_over_ws(url + f"?token={KEY}")["type"] == "done"
     assert speak_over_ws(url, {"Authorization": f"Bearer {SECOND}"})["type"] == "done"
     cookie = session_cookie(all_server)
-    assert speak_over_ws(url, {"Cookie": f"{COOKIE}={cookie}"})["type"] == "done"
+    browser = {"Cookie": f"{COOKIE}={cookie}", "Origin": all_server.url}
+    assert speak_over_ws(url, browser)["type"] == "done"
 
 
 def test_session_login_errors_and_logout(all_server: LiveServer) -> None:
@@ -193,7 +195,7 @@ def test_session_login_errors_and_logout(all_server: LiveServer) -> None:
         state = http.get("/v1/auth/session").json()
         assert state == {"auth_required": True, "scope": "all", "authenticated": False}
     cookie = session_cookie(all_server)
-    jar = {"Cookie": f"{COOKIE}={cookie}"}
+    jar = {"Cookie": f"{COOKIE}={cookie}", "Origin": all_server.url}
     assert call(all_server, ADMIN[0], jar).status_code == 200
     with all_server.client() as http:
         assert http.get("/v1/auth/session", headers=jar).json()["authenticated"] is True
