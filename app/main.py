@@ -13,7 +13,18 @@ from app.http import errors
 from app.http.auth import Authenticator, install_log_redaction, require_synthesis, resolve_keys
 from app.http.limits import BodyLimitMiddleware, WebSocketSendTimeout
 from app.http.requestid import RequestIdMiddleware
-from app.routes import cancel, health, models, monitoring, native, session, speech, studio, ws
+from app.routes import (
+    cancel,
+    captioned,
+    health,
+    models,
+    monitoring,
+    native,
+    session,
+    speech,
+    studio,
+    ws,
+)
 from app.serving.catalogue import Catalogue
 from app.serving.scheduler import Lane
 from app.serving.service import SpeechService
@@ -31,7 +42,7 @@ EngineBuilder = Callable[[Settings, RuntimeOptions], Engine]
 
 ENGINES: dict[str, EngineBuilder] = {
     "kokoro": lambda s, rt: KokoroEngine(s.cache_dir, s.models_dir / "kokoro", rt),
-    "piper": lambda s, rt: PiperEngine(s.models_dir / "piper", rt),
+    "piper": lambda s, rt: PiperEngine(s.models_dir / "piper", rt, s.cache_dir),
     "espeak": lambda s, rt: EspeakEngine(),
 }
 """Engine adapters by the `engine` name used in the catalogue; add yours here."""
@@ -110,7 +121,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(WebSocketSendTimeout, seconds=settings.ws_send_timeout)
     app.add_middleware(RequestIdMiddleware)  # outermost: the 413 above carries the id too
     guarded = [Depends(require_synthesis)]  # WebSocket routes call authorize_websocket instead
-    for module in (speech, models, cancel, native):
+    for module in (speech, captioned, models, cancel, native):
         app.include_router(module.router, dependencies=guarded)
     for module in (health, ws, monitoring, session):
         app.include_router(module.router)
