@@ -97,10 +97,12 @@ class VoxMuxFraming:
         out = self._out
         if out is None:
             return frame
-        heard = out.samples_sent / out.sample_rate
-        frame |= {"samples_sent": out.samples_sent, "audio_ms": round(heard * 1000, 1)}
+        audio_ms = round(out.samples_sent / out.sample_rate * 1000)
+        frame |= {"samples_sent": out.samples_sent, "audio_ms": audio_ms}
         if job is not None and job.plan.timestamps:
-            frame["words"] = [word_json(w) for w in self._words if w.end <= heard]
-            cut = [w for w in self._words if w.start < heard < w.end]
-            frame["cut_word"] = word_json(cut[0]) if cut else None
+            sent = [word_json(w) for w in self._words]  # compared as the client sees them
+            heard = audio_ms / 1000
+            frame["words"] = [w for w in sent if w["end"] <= heard]
+            cut = [w for w in sent if w["start"] < heard < w["end"]]
+            frame["cut_word"] = cut[0] if cut else None
         return frame

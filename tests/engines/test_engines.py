@@ -36,8 +36,11 @@ def test_kokoro_speaks_japanese_and_english(kokoro: KokoroEngine) -> None:
 def test_kokoro_never_truncates_past_the_token_limit(kokoro: KokoroEngine) -> None:
     words = "one two three four five six seven eight nine ten " * 12  # > 510 phoneme tokens
     phonemes = kokoro.phonemize(words, "jf_alpha")
-    runs = list(kokoro._token_runs(phonemes))
-    assert len(runs) >= 2 and all(len(r) <= MAX_TOKENS for r in runs)
+    tokens = [kokoro._vocab[c] for c in phonemes if c in kokoro._vocab]
+    runs = list(kokoro._token_runs(tokens))
+    assert len(runs) >= 2 and all(end - start <= MAX_TOKENS for start, end in runs)
+    assert runs[0][0] == 0 and runs[-1][1] == len(tokens)
+    assert all(a[1] == b[0] for a, b in zip(runs, runs[1:], strict=False))
     assert sum(len(r) for r in runs) == sum(1 for c in phonemes if c in kokoro._vocab)
     full = kokoro.synthesize(SynthesisRequest(text=words, voice="jf_alpha"))
     assert len(words) / 25 < len(full) / kokoro.sample_rate < len(words) / 6
