@@ -4,6 +4,7 @@ spans the text front end keeps through normalization."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -19,7 +20,6 @@ from engines.frontend.spans import Spanned
 from engines.kokoro import DURATIONS as KOKORO_DURATIONS
 from engines.kokoro import KokoroEngine, assemble_model, prepare_model
 from engines.onnx import RuntimeOptions
-from engines.piper import DURATIONS as PIPER_DURATIONS
 from engines.piper import PiperEngine
 from tests.conftest import CACHE_DIR
 
@@ -73,7 +73,7 @@ def _check(words: tuple[WordTiming, ...], text: str, seconds: float) -> None:
     starts = [w.start for w in words]
     assert starts == sorted(starts)
     assert all(0 <= w.start <= w.end <= seconds + 1e-6 for w in words)
-    assert all(b.start >= a.end - 1e-6 for a, b in zip(words, words[1:], strict=False))
+    assert all(b.start >= a.end - 1e-6 for a, b in itertools.pairwise(words))
     for w in words:
         chars = w.character_times()
         assert len(chars) == len(w.word)

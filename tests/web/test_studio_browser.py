@@ -138,7 +138,7 @@ def test_the_word_being_heard_is_highlighted_and_the_srt_offered(
     expect(page.locator("#transcript .w.speaking")).to_have_count(1)
     lit = page.evaluate("""() => [...document.querySelectorAll('#transcript .w')]
         .map((w, i) => [i, w.classList.contains('speaking')])""")
-    assert [i for i, on in lit if on][0] >= 4
+    assert next(i for i, on in lit if on) >= 4
     link = page.locator("#download-srt")
     expect(link).to_have_attribute("download", re.compile(r"\.srt$"))
     href = link.get_attribute("href") or ""

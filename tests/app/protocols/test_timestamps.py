@@ -5,6 +5,7 @@ text front end; captions that subtitle libraries read."""
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import re
 from collections.abc import Iterator
@@ -54,7 +55,7 @@ def check_words(words: list[dict[str, Any]], text: str, seconds: float) -> None:
     starts = [w["start_time"] for w in words]
     assert starts == sorted(starts)
     assert all(0 <= w["start_time"] < w["end_time"] <= seconds + 0.001 for w in words)
-    assert all(b["start_time"] >= a["end_time"] for a, b in zip(words, words[1:], strict=False))
+    assert all(b["start_time"] >= a["end_time"] for a, b in itertools.pairwise(words))
 
 
 def start_errors(words: list[dict[str, Any]], audio: np.ndarray, rate: int) -> list[float]:
