@@ -411,7 +411,7 @@ class SpeechJob:
         words: list[WordTiming] = []
         samples = 0
         try:
-            if isinstance(engine, TimedEngine):
+            if plan.timestamps and isinstance(engine, TimedEngine):
                 timed = ((c.audio, c.words) for c in engine.stream_timed(request))
             else:
                 timed = ((c, ()) for c in engine.stream(request))
