@@ -11,7 +11,18 @@ from fastapi import Depends, FastAPI
 
 from app.http import edge
 from app.http.auth import require_synthesis
-from app.routes import cancel, health, models, monitoring, native, session, speech, studio, ws
+from app.routes import (
+    cancel,
+    captioned,
+    health,
+    models,
+    monitoring,
+    native,
+    session,
+    speech,
+    studio,
+    ws,
+)
 from app.serving.catalogue import Catalogue
 from app.serving.scheduler import Lane
 from app.serving.service import SpeechService
@@ -29,7 +40,7 @@ EngineBuilder = Callable[[Settings, RuntimeOptions], Engine]
 
 ENGINES: dict[str, EngineBuilder] = {
     "kokoro": lambda s, rt: KokoroEngine(s.cache_dir, s.models_dir / "kokoro", rt),
-    "piper": lambda s, rt: PiperEngine(s.models_dir / "piper", rt),
+    "piper": lambda s, rt: PiperEngine(s.models_dir / "piper", rt, s.cache_dir),
     "espeak": lambda s, rt: EspeakEngine(),
 }
 """Engine adapters by the `engine` name used in the catalogue; add yours here."""
@@ -100,7 +111,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.runtime = runtime
     edge.install(app, settings)
     guarded = [Depends(require_synthesis)]  # WebSocket routes call authorize_websocket instead
-    for module in (speech, models, cancel, native):
+    for module in (speech, captioned, models, cancel, native):
         app.include_router(module.router, dependencies=guarded)
     for module in (health, ws, monitoring, session):
         app.include_router(module.router)

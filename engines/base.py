@@ -51,6 +51,51 @@ class SynthesisRequest:
     params: dict[str, Any] = field(default_factory=dict)
     cancel: CancelToken = field(default_factory=lambda: CancelToken(), compare=False)
     """Set when the request is cancelled; engines stop at their next step (see `CancelToken`)."""
+    timings: bool = False
+    """Whether the caller wants word timings (`TimedEngine`); without it none are computed."""
+
+
+@dataclass(frozen=True)
+class WordTiming:
+    """When one word of the request text is heard.
+
+    Times are seconds from the start of the audio they come with; `char_start`/`char_end` are the
+    word's span in the request text (a number written "42" is one word spoken as "forty-two").
+    """
+
+    word: str
+    start: float
+    end: float
+    char_start: int
+    char_end: int
+    char_times: tuple[float, ...] = ()
+    """Boundaries of the word's characters: `len(word) + 1` times from `start` to `end`,
+    interpolated along the word's phonemes; empty where unknown (spread evenly)."""
+
+    def moved(self, *, scale: float = 1.0, shift: float = 0.0, chars: int = 0,
+              low: float = 0.0, high: float = float("inf")) -> WordTiming:
+        """Times scaled, then shifted and kept inside [low, high]; the span moved by `chars`."""
+        def at(t: float) -> float:
+            return min(max(t * scale + shift, low), high)
+        return WordTiming(self.word, at(self.start), at(self.end), self.char_start + chars,
+                          self.char_end + chars, tuple(at(t) for t in self.char_times))
+
+    def character_times(self) -> list[tuple[float, float]]:
+        """(start, end) of each character of `word`."""
+        bounds = self.char_times
+        n = len(self.word)
+        if len(bounds) != n + 1:
+            step = (self.end - self.start) / max(n, 1)
+            bounds = tuple(self.start + step * i for i in range(n + 1))
+        return [(bounds[i], bounds[i + 1]) for i in range(n)]
+
+
+@dataclass(frozen=True)
+class TimedAudio:
+    """One chunk of audio and the words heard in it (times from the chunk's first sample)."""
+
+    audio: Audio
+    words: tuple[WordTiming, ...] = ()
 
 
 @runtime_checkable
@@ -78,6 +123,15 @@ class Engine(Protocol):
         soon after `req.cancel` is set, inside a running inference where the runtime allows."""
 
     def synthesize(self, req: SynthesisRequest) -> Audio: ...
+
+
+@runtime_checkable
+class TimedEngine(Protocol):
+    """An engine that can say when each word is heard. Optional: the serving core uses it when
+    an engine has it, and refuses timestamp requests (400) for engines without it."""
+
+    def stream_timed(self, req: SynthesisRequest) -> Iterator[TimedAudio]:
+        """`stream`, each chunk with its words when `req.timings` (else `words` is empty)."""
 
 
 def concatenate(chunks: Iterator[Audio] | list[Audio]) -> Audio:

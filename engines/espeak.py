@@ -13,17 +13,19 @@ from collections.abc import Iterator
 
 import espeakng_loader
 
+from engines import align
 from engines.base import (
     Audio,
     Capabilities,
     InvalidParameter,
     SynthesisRequest,
+    TimedAudio,
     Voice,
     VoiceNotFound,
     concatenate,
 )
-from engines.espeak_lib import DEFAULT_WPM, MAX_WPM, MIN_WPM, espeak
-from engines.frontend import espeak_runs, ja, supported
+from engines.espeak_lib import DEFAULT_WPM, MAX_WPM, MIN_WPM, SpeechEvent, espeak
+from engines.frontend import Spanned, espeak_runs_spanned, ja, supported
 
 
 @functools.cache
@@ -85,10 +87,61 @@ class EspeakEngine:
         yield self.synthesize(req)
 
     def synthesize(self, req: SynthesisRequest) -> Audio:
+        return next(self.stream_timed(req)).audio
+
+    def stream_timed(self, req: SynthesisRequest) -> Iterator[TimedAudio]:
         language, plus, variant = req.voice.partition("+")
-        runs = espeak_runs(req.text, voice_language=language, override=req.language)
+        runs = espeak_runs_spanned(req.text, voice_language=language, override=req.language)
         wpm = round(DEFAULT_WPM * req.speed)
-        return concatenate(
-            [espeak().synthesize(text, run_language + plus + variant, wpm=wpm, cancel=req.cancel)
-             for text, run_language in runs]
-        )
+        parts: list[Audio] = []
+        words: list[align.Word] = []
+        units: list[align.Unit] = []
+        offset = 0
+        for spanned, run_language in runs:
+            audio, events = espeak().synthesize_events(
+                spanned.text, run_language + plus + variant, wpm=wpm, cancel=req.cancel,
+                events=req.timings)
+            if req.timings:
+                found = align.words_of(spanned, run_language)
+                units += _units(spanned, found, events, len(words), offset, len(audio),
+                                self.sample_rate)
+                words += found
+            parts.append(audio)
+            offset += len(audio)
+        timings = align.timings(req.text, words, units) if req.timings else ()
+        yield TimedAudio(concatenate(parts), timings)
+
+
+def _units(text: Spanned, words: list[align.Word], events: list[SpeechEvent], first: int,
+           offset: int, samples: int, rate: int) -> list[align.Unit]:
+    """Phonemes as units: each belongs to the word whose word event came before it (pauses to
+    none) and lasts until the next phoneme."""
+    starts: list[int] = []
+    position = 0
+    for word in words:  # where each word's normalized text starts, in order
+        position = text.text.find(word.text, position)
+        starts.append(position)
+        position += len(word.text)
+    units: list[align.Unit] = []
+    owner = -1
+    phonemes = [e for e in events if e.word < 0]
+    ends = [e.sample for e in phonemes[1:]] + [samples]
+    pending = iter(e for e in events if e.word >= 0)
+    marker = next(pending, None)
+    for event, end in zip(phonemes, ends, strict=True):
+        while marker is not None and marker.sample <= event.sample:
+            owner = _word_at(starts, words, marker.word)
+            marker = next(pending, None)
+        if event.pause or owner < 0:
+            continue
+        units.append(align.Unit(first + owner, (offset + event.sample) / rate,
+                                (offset + end) / rate))
+    return units
+
+
+def _word_at(starts: list[int], words: list[align.Word], position: int) -> int:
+    """The index of the word whose text contains (or first follows) `position`."""
+    for i, (start, word) in enumerate(zip(starts, words, strict=True)):
+        if position < start + len(word.text):
+            return i
+    return len(words) - 1 if words else -1

@@ -21,6 +21,8 @@ from engines.base import Audio, CancelToken
 
 _AUDIO_OUTPUT_SYNCHRONOUS = 2
 _INITIALIZE_DONT_EXIT = 0x8000
+_INITIALIZE_PHONEME_EVENTS = 0x0001
+_EVENT_LIST_TERMINATED, _EVENT_WORD, _EVENT_PHONEME = 0, 1, 7
 _CHARS_UTF8 = 1
 _POS_CHARACTER = 1
 _PHONEMES_IPA = 0x02
@@ -33,9 +35,36 @@ MIN_WPM, MAX_WPM = 80, 450
 _CLAUSE = re.compile(r"([^.,!?;:…。！？、，；：]+)([.,!?;:…。！？、，；：]*\s*)")
 _PUNCT_ASCII = str.maketrans("。！？、，；：", ".!?,,;:")
 
+
+
+class _EventStruct(ctypes.Structure):
+    """`espeak_EVENT` of speak_lib.h."""
+
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("unique_identifier", ctypes.c_uint),
+        ("text_position", ctypes.c_int),
+        ("length", ctypes.c_int),
+        ("audio_position", ctypes.c_int),
+        ("sample", ctypes.c_int),
+        ("user_data", ctypes.c_void_p),
+        ("id", ctypes.c_char * 8),
+    ]
+
+
 _SynthCallback = ctypes.CFUNCTYPE(
-    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p
+    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.POINTER(_EventStruct)
 )
+
+
+@dataclass(frozen=True)
+class SpeechEvent:
+    """A word starting (`word`, its 0-based character position in the text) or a phoneme
+    starting (`word` -1; a pause when `pause`), at `sample` of the synthesized audio."""
+
+    word: int
+    sample: int
+    pause: bool = False
 
 
 class _VoiceStruct(ctypes.Structure):
@@ -68,7 +97,9 @@ class EspeakLibrary:
         self._lib: Any = ctypes.CDLL(espeakng_loader.get_library_path())
         data = espeakng_loader.get_data_path().encode()
         self.sample_rate = int(
-            self._lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, data, _INITIALIZE_DONT_EXIT)
+            # Phoneme events give word ends and pauses for timings; they change no sample.
+            self._lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, data,
+                                        _INITIALIZE_DONT_EXIT | _INITIALIZE_PHONEME_EVENTS)
         )
         if self.sample_rate <= 0:
             raise RuntimeError("eSpeak NG failed to initialise its data directory")
@@ -79,15 +110,25 @@ class EspeakLibrary:
         self._lib.espeak_ListVoices.restype = ctypes.POINTER(ctypes.POINTER(_VoiceStruct))
         self._chunks: list[Audio] = []
         self._cancel: CancelToken | None = None
+        self._events: list[SpeechEvent] | None = None
         self._callback = _SynthCallback(self._on_audio)  # kept alive for the C side
         self._lib.espeak_SetSynthCallback(self._callback)
         self._current_voice = b""
         self._identifiers = {v.language: v.identifier for v in self.voices()}
 
-    def _on_audio(self, wav: Any, count: int, _events: Any) -> int:
+    def _on_audio(self, wav: Any, count: int, events: Any) -> int:
         if wav and count > 0:
             pcm = np.ctypeslib.as_array(wav, shape=(count,))
             self._chunks.append(pcm.astype(np.float32) / 32768.0)
+        if self._events is not None and events:
+            i = 0
+            while (event := events[i]).type != _EVENT_LIST_TERMINATED:
+                if event.type == _EVENT_WORD:
+                    self._events.append(SpeechEvent(event.text_position - 1, event.sample))
+                elif event.type == _EVENT_PHONEME:
+                    pause = event.id[:1] in (b"", b"_")  # pauses: `_`, `_:`, `_!`
+                    self._events.append(SpeechEvent(-1, event.sample, pause))
+                i += 1
         return 1 if self._cancel is not None and self._cancel.cancelled else 0  # 1: abort
 
     def _set_voice(self, voice: str) -> None:
@@ -139,25 +180,33 @@ class EspeakLibrary:
     def synthesize(self, text: str, voice: str, wpm: int = DEFAULT_WPM, pitch: int = 50,
                    cancel: CancelToken | None = None) -> Audio:
         """Speech for `text`; `cancel` stops it at the next block of samples (`Cancelled`)."""
+        return self.synthesize_events(text, voice, wpm, pitch, cancel, events=False)[0]
+
+    def synthesize_events(self, text: str, voice: str, wpm: int = DEFAULT_WPM, pitch: int = 50,
+                          cancel: CancelToken | None = None, *, events: bool = True
+                          ) -> tuple[Audio, list[SpeechEvent]]:
+        """`synthesize`, with the word and phoneme events of the speech when `events`."""
         data = text.encode()
         with self._lock:
             self._set_voice(voice)
             self._lib.espeak_SetParameter(_RATE, max(MIN_WPM, min(MAX_WPM, wpm)), 0)
             self._lib.espeak_SetParameter(_PITCH, pitch, 0)
             self._chunks, self._cancel = [], cancel
+            self._events = [] if events else None
             try:
                 status = self._lib.espeak_Synth(
                     data, len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None
                 )
             finally:
                 chunks, self._chunks, self._cancel = self._chunks, [], None
+                found, self._events = self._events or [], None
         if cancel is not None:
             cancel.check()
         if status != 0:
             raise RuntimeError(f"espeak_Synth failed with status {status}")
         if not chunks:
-            return np.zeros(0, dtype=np.float32)
-        return np.concatenate(chunks)
+            return np.zeros(0, dtype=np.float32), found
+        return np.concatenate(chunks), found
 
 
 _shared: EspeakLibrary | None = None

@@ -21,21 +21,24 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from engines import align
 from engines.base import (
     Audio,
     Capabilities,
     InvalidParameter,
     LoadFailed,
     SynthesisRequest,
+    TimedAudio,
     Voice,
     VoiceNotFound,
+    WordTiming,
     concatenate,
     describe,
 )
 from engines.espeak_lib import espeak
-from engines.frontend import Run, base_language, ja, prepare, supported, zh
+from engines.frontend import Run, SpannedRun, base_language, ja, prepare_spanned, supported, zh
 from engines.frontend.espeak_voices import espeak_language
-from engines.onnx import RuntimeOptions, open_session, run
+from engines.onnx import RuntimeOptions, open_session, run, with_outputs
 from engines.voicescan import VoiceChanges, diff
 
 log = logging.getLogger(__name__)
@@ -44,6 +47,10 @@ SAMPLE_RATE = 24_000
 MAX_TOKENS = 510
 PARTS = 4
 MODEL_FILE = "kokoro-v1.0.int8.onnx"
+TIMED_FILE = "kokoro-v1.0.int8.timed.onnx"
+DURATIONS = "/encoder/Clip_output_0"
+"""Frames per input token (rounded and clipped predicted durations), an inner tensor of the
+graph made an output by `prepare_model`; their sum times the hop is the audio length."""
 
 # Kokoro voice ids start with a language letter and a gender letter (af_heart, jm_kumo).
 LANGUAGE_OF_PREFIX = {
@@ -83,6 +90,17 @@ def assemble_model(cache_dir: Path) -> Path:
     partial.replace(target)
     marker.write_text(expected)
     return target
+
+
+def prepare_model(cache_dir: Path) -> Path:
+    """The assembled model with its token durations as a second output, made once per cache
+    dir beside the assembled weights."""
+    model = assemble_model(cache_dir)
+    stamp = (cache_dir / (MODEL_FILE + ".sha256")).read_text().strip()
+    timed = cache_dir / TIMED_FILE
+    if not with_outputs(model, timed, (DURATIONS,), stamp):
+        raise LoadFailed(f"Kokoro's graph has no tensor {DURATIONS}")
+    return timed
 
 
 def parse_blend(spec: str) -> list[tuple[str, float]]:
@@ -205,7 +223,7 @@ class KokoroEngine:
         if self._session is not None:
             return
         try:
-            model = assemble_model(self._cache_dir)
+            model = prepare_model(self._cache_dir)
             self._session = open_session(model, self._runtime)
         except LoadFailed:
             raise
@@ -255,38 +273,99 @@ class KokoroEngine:
             blend += styles[name][:rows] * np.float32(weight)
         return blend
 
+    def _runs(self, text: str, voice: str, language: str | None) -> list[SpannedRun]:
+        first = voice.split("+")[0].split("(")[0].strip()
+        return prepare_spanned(text, default=voice_language(first) or "en-us", override=language)
+
     def phonemize(self, text: str, voice: str, language: str | None = None) -> str:
         """Phonemes of `text`, run by run in each run's language (the voice's reads Latin)."""
-        first = voice.split("+")[0].split("(")[0].strip()
-        runs = prepare(text, default=voice_language(first) or "en-us", override=language)
-        return " ".join(p for p in map(_run_phonemes, runs) if p)
+        return _Phonemes.read(self._runs(text, voice, language), timings=False).text
 
-    def _token_runs(self, phonemes: str) -> Iterator[list[int]]:
-        """Token lists of at most MAX_TOKENS, cut at a pause or space, never dropped."""
-        tokens = [self._vocab[c] for c in phonemes if c in self._vocab]
+    def _token_runs(self, tokens: list[int]) -> Iterator[tuple[int, int]]:
+        """(start, end) of token lists of at most MAX_TOKENS, cut at a pause or space, never
+        dropped."""
         breaks = {self._vocab[c] for c in ".!?;:,… " if c in self._vocab}
-        while len(tokens) > MAX_TOKENS:
-            cut = max((i + 1 for i in range(MAX_TOKENS) if tokens[i] in breaks), default=MAX_TOKENS)
-            yield tokens[:cut]
-            tokens = tokens[cut:]
-        if tokens:
-            yield tokens
+        start = 0
+        while len(tokens) - start > MAX_TOKENS:
+            cut = max((i + 1 for i in range(MAX_TOKENS) if tokens[start + i] in breaks),
+                      default=MAX_TOKENS)
+            yield start, start + cut
+            start += cut
+        if start < len(tokens):
+            yield start, len(tokens)
 
     def stream(self, req: SynthesisRequest) -> Iterator[Audio]:
+        for chunk in self.stream_timed(req):
+            yield chunk.audio
+
+    def stream_timed(self, req: SynthesisRequest) -> Iterator[TimedAudio]:
         session = self._session
         if session is None:
             raise LoadFailed("Kokoro is not loaded")
         style_table = self._style_table(req.voice)
-        phonemes = self.phonemize(req.text, req.voice, req.language)
+        phonemes = _Phonemes.read(self._runs(req.text, req.voice, req.language), req.timings)
+        kept = [(self._vocab[c], owner) for c, owner in zip(phonemes.text, phonemes.owners,
+                                                             strict=True) if c in self._vocab]
+        tokens = [token for token, _ in kept]
         speed = np.array([req.speed], dtype=np.float32)
-        for tokens in self._token_runs(phonemes):
-            style = style_table[min(len(tokens), len(style_table)) - 1].reshape(1, 256)
-            audio = run(session, {
-                "tokens": np.array([[0, *tokens, 0]], dtype=np.int64),
+        for start, end in self._token_runs(tokens):
+            piece = tokens[start:end]
+            style = style_table[min(len(piece), len(style_table)) - 1].reshape(1, 256)
+            audio, durations = run(session, {
+                "tokens": np.array([[0, *piece, 0]], dtype=np.int64),
                 "style": style.astype(np.float32),
                 "speed": speed,
-            }, req.cancel)[0]
-            yield np.asarray(audio, dtype=np.float32).reshape(-1)
+            }, req.cancel)[:2]
+            samples = np.asarray(audio, dtype=np.float32).reshape(-1)
+            words: tuple[WordTiming, ...] = ()
+            if req.timings:
+                owners = [-1, *(owner for _, owner in kept[start:end]), -1]
+                words = phonemes.timings(req.text, owners, np.asarray(durations).reshape(-1),
+                                         len(samples), SAMPLE_RATE)
+            yield TimedAudio(samples, words)
 
     def synthesize(self, req: SynthesisRequest) -> Audio:
         return concatenate(self.stream(req))
+
+
+class _Phonemes:
+    """A segment's phonemes as Kokoro reads them, each character with the word it belongs to
+    (-1 for pauses; all -1 when no timings were asked for)."""
+
+    def __init__(self, text: str, owners: list[int], words: list[align.Word]) -> None:
+        self.text = text
+        self.owners = owners
+        self.words = words
+
+    @classmethod
+    def read(cls, runs: list[SpannedRun], timings: bool) -> _Phonemes:
+        text, owners = "", []
+        words: list[align.Word] = []
+        for spanned in runs:
+            phonemes = _run_phonemes(Run(spanned.text.text, spanned.language))
+            if not phonemes:
+                continue
+            if text:
+                text += " "
+                owners.append(-1)
+            text += phonemes
+            if not timings:
+                owners += [-1] * len(phonemes)
+                continue
+            found = align.words_of(spanned.text, spanned.language, zh.words)
+            alone = [_run_phonemes(Run(word.text, spanned.language)) for word in found]
+            owners += [o + len(words) if o >= 0 else -1 for o in align.owners(phonemes, alone)]
+            words += found
+        return cls(text, owners, words)
+
+    def timings(self, source: str, owners: list[int], frames: npt.NDArray[Any], samples: int,
+                rate: int) -> tuple[WordTiming, ...]:
+        """The words of one inference, from its tokens' owners and frames."""
+        voiced = [o for o in owners if o >= 0]
+        if not voiced or not frames.sum():
+            return ()
+        low, high = min(voiced), max(voiced)
+        hop = samples / float(frames.sum())
+        units = align.units_from_durations([o - low if o >= 0 else -1 for o in owners],
+                                           frames * hop, rate)
+        return align.timings(source, self.words[low:high + 1], units)

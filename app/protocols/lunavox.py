@@ -29,7 +29,7 @@ from pydantic import BaseModel
 from app.http.errors import as_voxmux, kind_of
 from app.protocols.schemas import StreamFragment, SynthOptions
 from app.protocols.websocket import AudioOut, Closing, Command, Progress, parse
-from app.serving.job import SegmentEnd, SpeechJob, SpeechPlan
+from app.serving.job import SegmentEnd, SegmentWords, SpeechJob, SpeechPlan
 from app.serving.service import SpeechService
 from app.serving.tracking import RequestStats
 from engines.base import Cancelled, InvalidParameter
@@ -154,6 +154,9 @@ class LunaVoxFraming:
 
     def segment(self, end: SegmentEnd) -> None:
         return None
+
+    def words(self, words: SegmentWords) -> None:
+        return None  # LunaVox has no timestamps: its plans never ask for them
 
     def keepalive(self, progress: Progress) -> None:
         return None

@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 
+import numpy as np
 from fastapi import Request
 from fastapi.responses import Response
 
 from app.audio.encoders import CONTENT_TYPES, encode_whole, output_rate
 from app.protocols.openai import job_headers
-from app.serving.job import SpeechJob
-from engines.base import Audio, InvalidParameter
+from app.serving.job import SegmentWords, SpeechJob
+from engines.base import Audio, InvalidParameter, WordTiming
 
 
 async def _cancel_on_disconnect(request: Request, job: SpeechJob) -> None:
@@ -27,17 +28,29 @@ async def _cancel_on_disconnect(request: Request, job: SpeechJob) -> None:
 
 async def whole_clip(job: SpeechJob, request: Request | None = None) -> Audio:
     """Run `job` to its end and return its audio; with `request`, a hang-up cancels it."""
+    return (await whole_timed(job, request))[0]
+
+
+async def whole_timed(job: SpeechJob, request: Request | None = None
+                      ) -> tuple[Audio, list[WordTiming]]:
+    """`whole_clip`, with the words of a plan that asks for timestamps."""
+    chunks: list[Audio] = []
+    words: list[WordTiming] = []
     async with job:
         watcher = asyncio.create_task(_cancel_on_disconnect(request, job)) if request else None
         try:
-            audio = await job.whole()
+            async for event in job.events():
+                if isinstance(event, np.ndarray):
+                    chunks.append(event)
+                elif isinstance(event, SegmentWords):
+                    words += event.words
         finally:
             if watcher is not None:
                 watcher.cancel()
-    if not len(audio):
+    if not chunks:
         raise InvalidParameter("The input has nothing speakable in it", param="input",
                                code="empty_audio")
-    return audio
+    return np.concatenate(chunks), words
 
 
 def compact(value: object) -> str:

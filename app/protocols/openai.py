@@ -17,19 +17,22 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable
 
+import numpy as np
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from app.audio.encoders import CONTENT_TYPES, StreamEncoder
 from app.http.errors import as_voxmux, error_body, error_response
-from app.serving.job import SpeechJob
+from app.protocols.timestamps import word_json
+from app.serving.job import JobEvent, SegmentWords, SpeechJob
 from engines.base import Audio, InvalidParameter
 
 log = logging.getLogger(__name__)
 
-Body = Callable[[SpeechJob, AsyncIterator[Audio], StreamEncoder], AsyncIterator[bytes]]
-"""Produces the body from the job's audio chunks and the encoder; raises `_Aborted` on a failure
-that must leave the transfer unterminated."""
+Body = Callable[[SpeechJob, AsyncIterator[JobEvent], StreamEncoder], AsyncIterator[bytes]]
+"""Produces the body from the job's events (audio chunks, and the segment ends and words that
+come with them) and the encoder; raises `_Aborted` on a failure that must leave the transfer
+unterminated."""
 
 
 class _Aborted(Exception):
@@ -50,14 +53,18 @@ def job_headers(job: SpeechJob, sample_rate: int) -> dict[str, str]:
     return headers
 
 
-async def first_audio(job: SpeechJob, events: AsyncIterator[Audio]) -> Audio:
-    """The job's first chunk; a job that ends without audio had nothing to say."""
+async def first_audio(job: SpeechJob, events: AsyncIterator[JobEvent]) -> list[JobEvent]:
+    """The job's events up to its first audio chunk; a job that ends without audio had nothing
+    to say."""
+    head: list[JobEvent] = []
     try:
-        return await anext(events)
+        while not isinstance(event := await anext(events), np.ndarray):
+            head.append(event)
     except StopAsyncIteration:
         raise InvalidParameter(
             "The input has nothing speakable in it", param="input", code="empty_audio"
         ) from None
+    return [*head, event]
 
 
 async def encode(encoder: StreamEncoder, chunk: Audio | None) -> bytes:
@@ -101,9 +108,9 @@ class JobResponse(Response):
             await self.background()
 
     async def _respond(self, scope: Scope, receive: Receive, send: Send) -> None:
-        audio = self.job.audio()
+        events = self.job.events()
         try:
-            first = await first_audio(self.job, audio)
+            head = await first_audio(self.job, events)
         except Exception as exc:
             await error_response(exc)(scope, receive, send)
             return
@@ -112,24 +119,26 @@ class JobResponse(Response):
         headers += [(k.lower().encode(), v.encode()) for k, v in named.items()]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         try:
-            async for data in self._frame(self.job, _prepend(first, audio), self._encoder):
+            async for data in self._frame(self.job, _prepend(head, events), self._encoder):
                 await send({"type": "http.response.body", "body": data, "more_body": True})
         except _Aborted:
             return  # the server closes the connection without the final chunk
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _prepend(first: Audio, rest: AsyncIterator[Audio]) -> AsyncIterator[Audio]:
-    yield first
-    async for chunk in rest:
-        yield chunk
+async def _prepend(head: list[JobEvent], rest: AsyncIterator[JobEvent]
+                   ) -> AsyncIterator[JobEvent]:
+    for event in head:
+        yield event
+    async for event in rest:
+        yield event
 
 
-async def _audio_bytes(job: SpeechJob, chunks: AsyncIterator[Audio], encoder: StreamEncoder
+async def _audio_bytes(job: SpeechJob, events: AsyncIterator[JobEvent], encoder: StreamEncoder
                        ) -> AsyncIterator[bytes]:
     try:
-        async for chunk in chunks:
-            if data := await encode(encoder, chunk):
+        async for chunk in events:
+            if isinstance(chunk, np.ndarray) and (data := await encode(encoder, chunk)):
                 yield data
         yield await encode(encoder, None)
     except Exception as exc:
@@ -142,14 +151,17 @@ def _event(payload: dict[str, object]) -> bytes:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
 
-async def _sse_events(job: SpeechJob, chunks: AsyncIterator[Audio], encoder: StreamEncoder
+async def _sse_events(job: SpeechJob, events: AsyncIterator[JobEvent], encoder: StreamEncoder
                       ) -> AsyncIterator[bytes]:
     def delta(data: bytes) -> bytes:
         return _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
 
     try:
-        async for chunk in chunks:
-            if data := await encode(encoder, chunk):
+        async for chunk in events:
+            if isinstance(chunk, SegmentWords):  # only a plan with timestamps has them
+                yield _event({"type": "speech.audio.timestamps",
+                              "words": [word_json(w) for w in chunk.words]})
+            elif isinstance(chunk, np.ndarray) and (data := await encode(encoder, chunk)):
                 yield delta(data)
         if tail := await encode(encoder, None):
             yield delta(tail)

@@ -54,12 +54,31 @@ class SpeechOptions(Strict):
                 "language": self.language, "instructions": self.instructions}
 
 
+Timestamps = Literal["word"]
+
+
 class SpeechRequest(SpeechOptions):
     """OpenAI's `POST /v1/audio/speech` body, plus `language`; `text` is an alias of `input`."""
 
     input: str = Field(validation_alias=AliasChoices("input", "text"))
     response_format: ResponseFormat = "mp3"
     stream_format: Literal["audio", "sse"] = "audio"
+    timestamps: Timestamps | None = Field(
+        None, description="`word`: a `speech.audio.timestamps` event before each segment's "
+        "audio (SSE only)")
+
+
+class CaptionedSpeechRequest(SpeechOptions):
+    """`POST /v1/audio/captioned_speech` (and Kokoro-FastAPI's `/dev/captioned_speech`): the
+    speech fields, audio as base64 in JSON with its word timings. `model` defaults to `kokoro`
+    as on Kokoro-FastAPI."""
+
+    model: str = Field("kokoro", min_length=1)
+    input: str = Field(validation_alias=AliasChoices("input", "text"))
+    response_format: ResponseFormat = "mp3"
+    stream: bool = Field(True, description="Newline-delimited JSON, one object per segment")
+    return_timestamps: bool = True
+    captions: Literal["srt", "vtt"] | None = Field(None, description="Add subtitle text")
 
 
 class SynthOptions(Strict):
@@ -123,6 +142,8 @@ class WsOptions(SpeechOptions):
         "pcm_s16le", description="Raw s16le mono, or the same preceded by one WAV header frame"
     )
     binary: bool = Field(True, description="False: audio as base64 in JSON `audio` frames")
+    timestamps: Timestamps | None = Field(
+        None, description="`word`: a `words` frame before each segment's audio")
 
 
 class WsSpeechRequest(WsOptions):

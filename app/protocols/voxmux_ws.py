@@ -2,7 +2,9 @@
 
 `started` first, then audio (binary int16 frames, or base64 `audio` JSON frames with
 `binary: false`), a `segment` frame after each segment, `progress` keepalives while no audio
-comes, and one final `done`, `error` or `cancelled` before the close. Close codes: 1000 after a
+comes, and one final `done`, `error` or `cancelled` before the close. With `"timestamps":
+"word"` a `words` frame comes before each segment's audio, and `cancelled` says which words the
+audio sent before the cancel covered. Close codes: 1000 after a
 final frame about the request itself (request errors included, like an HTTP 4xx answer); a
 protocol breach or a server failure closes with the error table's code.
 """
@@ -16,10 +18,11 @@ from pydantic import BaseModel
 
 from app.http.errors import error_body, kind_of
 from app.protocols.schemas import WsAudioFormat, WsOptions
+from app.protocols.timestamps import word_json
 from app.protocols.websocket import AudioOut, Closing, Progress, base64_frame
-from app.serving.job import SegmentEnd, SpeechJob, SpeechPlan
+from app.serving.job import SegmentEnd, SegmentWords, SpeechJob, SpeechPlan
 from app.serving.service import SpeechService
-from engines.base import Cancelled
+from engines.base import Cancelled, WordTiming
 
 
 class VoxMuxFraming:
@@ -27,19 +30,23 @@ class VoxMuxFraming:
         self.text_in = text_in
         self.format: WsAudioFormat = "pcm_s16le"
         self.binary = True
+        self._out: AudioOut | None = None
+        self._words: list[WordTiming] = []
+        """Every word frame sent, for the `cancelled` frame."""
 
     def plan(self, service: SpeechService, options: BaseModel, text: str | None,
              request_id: str) -> SpeechPlan:
         assert isinstance(options, WsOptions)
         self.format, self.binary = options.format, options.binary
-        fields = options.plan_fields()
+        fields = options.plan_fields() | {"timestamps": options.timestamps == "word"}
         if text is None:
             return service.plan_stream(**fields, request_id=request_id)
         return service.plan(**fields, text=text, request_id=request_id)
 
     def audio(self, ws: WebSocket, plan: SpeechPlan) -> AudioOut:
         as_json = None if self.binary else base64_frame
-        return AudioOut(ws, plan.sample_rate, self.format == "wav", as_json)
+        self._out = AudioOut(ws, plan.sample_rate, self.format == "wav", as_json)
+        return self._out
 
     def started(self, job: SpeechJob) -> dict[str, Any]:
         plan = job.plan
@@ -60,6 +67,11 @@ class VoxMuxFraming:
     def segment(self, end: SegmentEnd) -> dict[str, Any]:
         return {"type": "segment", "index": end.index, "text": end.text, "samples": end.samples}
 
+    def words(self, words: SegmentWords) -> dict[str, Any]:
+        self._words += words.words
+        return {"type": "words", "segment": words.index,
+                "words": [word_json(w) for w in words.words]}
+
     def keepalive(self, progress: Progress) -> dict[str, Any]:
         return {"type": "progress", "elapsed_ms": progress.elapsed_ms,
                 "segments_done": progress.segments_done, "audio_ms": progress.audio_ms}
@@ -73,7 +85,24 @@ class VoxMuxFraming:
 
     def failure(self, exc: BaseException, job: SpeechJob | None, audio_sent: bool) -> Closing:
         if isinstance(exc, Cancelled):
-            return Closing({"type": "cancelled"}, 1000, "cancelled")
+            return Closing(self._cancelled(job), 1000, "cancelled")
         kind = kind_of(exc)
         reason = kind.breach or ("internal error" if kind.ws_close == 1011 else "error")
         return Closing({"type": "error", **error_body(exc)}, kind.ws_close, reason)
+
+    def _cancelled(self, job: SpeechJob | None) -> dict[str, Any]:
+        """How much audio went out before the cancel, and (with timestamps) which words it
+        covered: whole words in `words`, the one it cut into in `cut_word`."""
+        frame: dict[str, Any] = {"type": "cancelled"}
+        out = self._out
+        if out is None:
+            return frame
+        audio_ms = round(out.samples_sent / out.sample_rate * 1000)
+        frame |= {"samples_sent": out.samples_sent, "audio_ms": audio_ms}
+        if job is not None and job.plan.timestamps:
+            sent = [word_json(w) for w in self._words]  # compared as the client sees them
+            heard = audio_ms / 1000
+            frame["words"] = [w for w in sent if w["end"] <= heard]
+            cut = [w for w in sent if w["start"] < heard < w["end"]]
+            frame["cut_word"] = cut[0] if cut else None
+        return frame

@@ -36,7 +36,7 @@ from app.http.errors import (
     TooManySessions,
     describe_validation_error,
 )
-from app.serving.job import SegmentEnd, SpeechJob, SpeechPlan
+from app.serving.job import SegmentEnd, SegmentWords, SpeechJob, SpeechPlan
 from app.serving.service import SpeechService
 from app.text.feed import TextFeed
 from engines.base import Audio, InvalidParameter
@@ -78,6 +78,9 @@ class Framing(Protocol):
 
     def segment(self, end: SegmentEnd) -> dict[str, Any] | None: ...
 
+    def words(self, words: SegmentWords) -> dict[str, Any] | None:
+        """The frame for a segment's word timings (only plans with timestamps have them)."""
+
     def keepalive(self, progress: Progress) -> dict[str, Any] | None: ...
 
     def done(self, job: SpeechJob) -> dict[str, Any]: ...
@@ -104,6 +107,9 @@ class AudioOut:
         self._ws = ws
         self._as_json = as_json
         self._encoder = StreamEncoder("wav" if wav else "pcm", sample_rate)
+        self.sample_rate = sample_rate
+        self.samples_sent = 0
+        """Samples handed to the socket so far (the audio a cancel leaves the client with)."""
 
     async def header(self) -> None:
         """The WAV header (streaming sizes) for `format: wav`; nothing for raw PCM."""
@@ -114,6 +120,7 @@ class AudioOut:
         data = self._encoder.encode(samples)
         for start in range(0, len(data), FRAME_BYTES):
             await self._send(data[start : start + FRAME_BYTES])
+        self.samples_sent += len(samples)
 
     async def _send(self, data: bytes) -> None:
         if self._as_json is None:
@@ -207,6 +214,10 @@ class Session:
             if isinstance(event, SegmentEnd):
                 self.segments_sent += 1
                 if (frame := self.framing.segment(event)) is not None:
+                    await self.ws.send_json(frame)
+                continue
+            if isinstance(event, SegmentWords):
+                if (frame := self.framing.words(event)) is not None:
                     await self.ws.send_json(frame)
                 continue
             self.samples_sent += len(event)

@@ -7,6 +7,7 @@ from fastapi import APIRouter
 from app.http.deps import RequestIdDep, ServiceDep
 from app.protocols.openai import JobResponse, audio_response, sse_response
 from app.protocols.schemas import ERROR_RESPONSES, SpeechRequest
+from engines.base import InvalidParameter
 
 router = APIRouter(tags=["speech"])
 
@@ -15,7 +16,12 @@ router = APIRouter(tags=["speech"])
              status_code=200)
 async def create_speech(body: SpeechRequest, service: ServiceDep, request_id: RequestIdDep
                         ) -> JobResponse:
-    plan = service.plan(**body.plan_fields(), text=body.input, request_id=request_id)
+    if body.timestamps and body.stream_format != "sse":
+        raise InvalidParameter("'timestamps' needs \"stream_format\": \"sse\" (raw audio has no "
+                               "place for them; or use /v1/audio/captioned_speech)",
+                               param="timestamps")
+    plan = service.plan(**body.plan_fields(), text=body.input, request_id=request_id,
+                        timestamps=body.timestamps == "word")
     job = service.speak(plan)
     if body.stream_format == "sse":
         return sse_response(job, body.response_format)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from cachetools import LRUCache
 
-from engines.base import Audio
+from engines.base import Audio, WordTiming
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,25 @@ class CachedAudio:
     chunks: tuple[Audio, ...]
     segment_chunks: tuple[int, ...]
     """How many of `chunks` each text segment produced, in order."""
+    words: tuple[tuple[WordTiming, ...], ...] | None = None
+    """Each segment's word timings (spans in its text), when the request asked for them."""
+    texts: tuple[str, ...] = ()
+    """The segments the words were timed on: a hit may differ from them in whitespace only."""
+
+    def segment_words(self, index: int, text: str) -> tuple[WordTiming, ...]:
+        """Segment `index`'s words, their spans moved onto `text` (the same words, perhaps
+        spaced differently: the key ignores whitespace)."""
+        words = self.words[index] if self.words is not None else ()
+        stored = self.texts[index] if index < len(self.texts) else text
+        if stored == text:
+            return words
+        mapping = _respace(stored, text)
+        moved = []
+        for w in words:
+            start = mapping[w.char_start]
+            end = mapping[w.char_end - 1] + 1 if w.char_end > w.char_start else start
+            moved.append(WordTiming(text[start:end], w.start, w.end, start, end, w.char_times))
+        return tuple(moved)
 
     @property
     def nbytes(self) -> int:
@@ -38,15 +57,33 @@ class CachedAudio:
         return sum(len(chunk) for chunk in self.chunks)
 
     @classmethod
-    def build(cls, model_id: str, sample_rate: int, segments: Sequence[Sequence[Audio]]
+    def build(cls, model_id: str, sample_rate: int, segments: Sequence[Sequence[Audio]],
+              timed: tuple[Sequence[tuple[WordTiming, ...]], Sequence[str]] | None = None
               ) -> CachedAudio:
+        """`timed`: each segment's words (spans in its text) and the segments' texts."""
         chunks = []
         for segment in segments:
             for chunk in segment:
                 frozen = np.array(chunk, dtype=np.float32, copy=True)
                 frozen.flags.writeable = False
                 chunks.append(frozen)
-        return cls(model_id, sample_rate, tuple(chunks), tuple(len(s) for s in segments))
+        words, texts = (tuple(timed[0]), tuple(timed[1])) if timed else (None, ())
+        return cls(model_id, sample_rate, tuple(chunks), tuple(len(s) for s in segments),
+                   words, texts)
+
+
+def _respace(stored: str, text: str) -> list[int]:
+    """For each position in `stored`, the same position in `text`, which has the same
+    non-space characters with other whitespace."""
+    solid = [i for i, c in enumerate(text) if not c.isspace()]
+    mapping: list[int] = []
+    seen = 0
+    for c in stored:
+        mapping.append(solid[seen] if seen < len(solid) else len(text))
+        if not c.isspace():
+            seen += 1
+    mapping.append(len(text))
+    return mapping
 
 
 def cache_key(*, model_id: str, voice: str, speed: float, language: str | None,
@@ -93,10 +130,13 @@ class AudioCache:
     def bytes(self) -> int:
         return int(self._lru.currsize)
 
-    def get(self, key: str) -> CachedAudio | None:
+    def get(self, key: str, *, timed: bool = False) -> CachedAudio | None:
+        """The entry for `key`; with `timed`, only one that kept its word timings."""
         if not self.enabled:
             return None
         entry = self._lru.get(key)
+        if entry is not None and timed and entry.words is None:
+            entry = None  # synthesized again, with timings, and stored in its place
         if entry is None:
             self.misses += 1
         else:

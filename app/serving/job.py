@@ -38,7 +38,9 @@ from engines.base import (
     RequestTimeout,
     SynthesisFailed,
     SynthesisRequest,
+    TimedEngine,
     VoxMuxError,
+    WordTiming,
 )
 from engines.registry import EngineRegistry, ModelHandle, ModelStatus
 
@@ -55,7 +57,20 @@ class SegmentEnd:
     """Samples of this segment's audio, including the pause before it."""
 
 
-JobEvent = Audio | SegmentEnd
+@dataclass(frozen=True)
+class SegmentWords:
+    """Comes before the first audio chunk of a segment when the plan asks for timestamps: the
+    words of that segment, timed in seconds from the start of the job's audio, with their
+    spans in the request text (for streamed text, in the segment's `text`)."""
+
+    index: int
+    text: str
+    words: tuple[WordTiming, ...]
+
+
+JobEvent = Audio | SegmentEnd | SegmentWords
+
+Words = tuple[WordTiming, ...]
 
 
 @dataclass
@@ -77,6 +92,10 @@ class SpeechPlan:
     warnings: list[str] = field(default_factory=list)
     internal: bool = False
     """A warm-up: no cache, no record, no metrics."""
+    timestamps: bool = False
+    """Word timings wanted: `SegmentWords` events come before each segment's audio."""
+    offsets: list[int] = field(default_factory=list)
+    """Where each of `segments` starts in `text` (segments are slices of it)."""
 
     @property
     def model_id(self) -> str:
@@ -169,7 +188,7 @@ class SpeechJob:
         plan, cache = self.plan, self._context.cache
         if cache.enabled and not plan.internal and not plan.streamed:
             self._cache_key = self._context.cache_key(plan)
-            self._cached = cache.get(self._cache_key)
+            self._cached = cache.get(self._cache_key, timed=plan.timestamps)
             self.cache_use = "hit" if self._cached is not None else "miss"
         if self.record is not None:
             self._context.started(self)
@@ -216,7 +235,7 @@ class SpeechJob:
 
     async def audio(self) -> AsyncIterator[Audio]:
         async for event in self.events():
-            if not isinstance(event, SegmentEnd):
+            if isinstance(event, np.ndarray):
                 yield event
 
     async def whole(self) -> Audio:
@@ -302,6 +321,10 @@ class SpeechJob:
     def _replay(self, entry: CachedAudio) -> None:
         chunks = iter(entry.chunks)
         for index, count in enumerate(entry.segment_chunks):
+            if self.plan.timestamps and entry.words is not None:
+                text = self.plan.segments[index]
+                words = entry.segment_words(index, text)
+                self._emit(SegmentWords(index, text, self._placed(index, words)))
             samples = 0
             for _ in range(count):
                 chunk = next(chunks)
@@ -315,6 +338,7 @@ class SpeechJob:
         lane = plan.handle.lane
         pause = dsp.pause(self.sample_rate, self._context.pause_ms)
         keep: list[tuple[Audio, ...]] | None = [] if self._cache_key is not None else None
+        kept_words: list[Words] = []
         size = 0
         async with lane.admitted(self.ticket):
             ready = plan.handle.status is ModelStatus.READY
@@ -322,9 +346,16 @@ class SpeechJob:
             async with self._context.registry.lease(plan.model_id) as engine:
                 index = 0
                 while (text := await self._next_segment(index)) is not None:
-                    chunks = await self._segment(lane, engine, text)
+                    chunks, words = await self._segment(lane, engine, text)
                     if index and chunks:
                         chunks[0] = np.concatenate([pause, chunks[0]])
+                        words = tuple(w.moved(shift=len(pause) / self.sample_rate)
+                                      for w in words)
+                    if plan.timestamps:
+                        words = tuple(w.moved(shift=self._samples / self.sample_rate)
+                                      for w in words)
+                        kept_words.append(words)
+                        self._emit(SegmentWords(index, text, self._placed(index, words)))
                     for chunk in chunks:
                         self._audio_out(chunk)
                     self._segment_done(index, text, sum(len(c) for c in chunks))
@@ -335,8 +366,18 @@ class SpeechJob:
                             keep.append(tuple(chunks))
                     index += 1
         if keep is not None and self._cache_key is not None:
-            self._context.cache.put(self._cache_key,
-                                    CachedAudio.build(plan.model_id, self.sample_rate, keep))
+            timed = (kept_words, plan.segments) if plan.timestamps else None
+            self._context.cache.put(self._cache_key, CachedAudio.build(
+                plan.model_id, self.sample_rate, keep, timed))
+
+    def _placed(self, index: int, words: Words) -> Words:
+        """Segment-relative spans moved to the request text (streamed text keeps them)."""
+        offsets = self.plan.offsets
+        if index >= len(offsets) or not offsets[index]:
+            return words
+        return tuple(w.moved(chars=offsets[index]) for w in words)
+
+
 
     async def _next_segment(self, index: int) -> str | None:
         text = self.plan.text
@@ -344,7 +385,8 @@ class SpeechJob:
             return await text.next()
         return self.plan.segments[index] if index < len(self.plan.segments) else None
 
-    async def _segment(self, lane: Lane, engine: Engine, text: str) -> list[Audio]:
+    async def _segment(self, lane: Lane, engine: Engine, text: str
+                       ) -> tuple[list[Audio], Words]:
         """One segment: wait for a turn, then render it; the request timeout bounds both."""
         timeout = self._context.timeout
         deadline = asyncio.get_running_loop().time() + timeout
@@ -358,17 +400,30 @@ class SpeechJob:
             finally:
                 self._synthesis_s += time.perf_counter() - started
 
-    def _render(self, engine: Engine, text: str) -> list[Audio]:
-        """Synthesize and finish one segment; runs in an engine thread, off the event loop."""
+    def _render(self, engine: Engine, text: str) -> tuple[list[Audio], Words]:
+        """Synthesize and finish one segment; runs in an engine thread, off the event loop.
+        Its words are timed from the segment's first sample, spans in `text`."""
         plan = self.plan
         request = SynthesisRequest(text=text, voice=plan.voice, speed=plan.native_speed,
-                                   language=plan.language, cancel=self._cancel)
+                                   language=plan.language, cancel=self._cancel,
+                                   timings=plan.timestamps)
         chunks: list[Audio] = []
+        words: list[WordTiming] = []
+        samples = 0
         try:
-            for chunk in engine.stream(request):
+            if plan.timestamps and isinstance(engine, TimedEngine):
+                timed = ((c.audio, c.words) for c in engine.stream_timed(request))
+            else:
+                timed = ((c, ()) for c in engine.stream(request))
+            for chunk, chunk_words in timed:
                 self._cancel.check()
                 if len(chunk):
-                    chunks.append(self._finish_chunk(np.asarray(chunk, dtype=np.float32)))
+                    audio, placed = self._finish_chunk(np.asarray(chunk, dtype=np.float32),
+                                                       chunk_words)
+                    shift = samples / self.sample_rate
+                    words += (w.moved(shift=shift) for w in placed)
+                    samples += len(audio)
+                    chunks.append(audio)
         except VoxMuxError:
             raise
         except Exception as exc:
@@ -378,14 +433,24 @@ class SpeechJob:
             raise SynthesisFailed(f"The {plan.model_id} engine failed: {exc}") from exc
         assert self._memory is not None
         self._memory.update()
-        return chunks
+        return chunks, tuple(words)
 
-    def _finish_chunk(self, chunk: Audio) -> Audio:
+    def _finish_chunk(self, chunk: Audio, words: Words) -> tuple[Audio, Words]:
+        """Trim, stretch, limit and fade one chunk; its words follow the trim and the stretch."""
         rate = self.sample_rate
-        audio = dsp.trim_silence(chunk, rate)
+        start, end = dsp.voiced_span(chunk, rate)
+        audio = chunk[start:end]
         if abs(self.plan.stretch - 1.0) > 1e-3:
-            audio = dsp.time_stretch(audio, self.plan.stretch, rate)
-        return dsp.fade_edges(dsp.peak_limit(audio), rate)
+            stretched = dsp.time_stretch(audio, self.plan.stretch, rate)
+            scale = len(stretched) / len(audio) if len(audio) else 1.0
+            audio = stretched
+        else:
+            scale = 1.0
+        if words:
+            limit = len(audio) / rate
+            words = tuple(w.moved(scale=scale, shift=-start / rate * scale, high=limit)
+                          for w in words)
+        return dsp.fade_edges(dsp.peak_limit(audio), rate), words
 
 
 def _outcome(exc: BaseException) -> tuple[Outcome, VoxMuxError]:

@@ -22,12 +22,23 @@ from app.serving.tracking import RequestRecord, ServingStats
 from app.settings import Settings
 from app.text.feed import TextFeed
 from app.text.split import split_text
-from engines.base import InvalidParameter, SynthesisRequest
+from engines.base import InvalidParameter, SynthesisRequest, TimedEngine
 from engines.registry import EngineRegistry, ModelHandle, ModelStatus
 
 log = logging.getLogger(__name__)
 
 WARM_UP_TEXT = "Ready."
+
+
+def segment_offsets(text: str, segments: list[str]) -> list[int]:
+    """Where each segment starts in `text`: segments are its slices, in order."""
+    offsets: list[int] = []
+    position = 0
+    for segment in segments:
+        found = text.find(segment, position)
+        offsets.append(found if found >= 0 else position)
+        position = (found if found >= 0 else position) + len(segment)
+    return offsets
 
 
 def split_speed(speed: float, native: tuple[float, float]) -> tuple[float, float]:
@@ -72,7 +83,8 @@ class SpeechService:
 
     def plan(self, *, model: str, text: str, voice: str | None = None, speed: float = 1.0,
              language: str | None = None, instructions: str | None = None,
-             request_id: str | None = None, internal: bool = False) -> SpeechPlan:
+             request_id: str | None = None, internal: bool = False,
+             timestamps: bool = False) -> SpeechPlan:
         """A request checked against the model, its engine and the limits, cut into segments."""
         if not any(ch.isalnum() for ch in text):
             raise InvalidParameter(
@@ -84,21 +96,24 @@ class SpeechService:
                 f"'input' is {len(text)} characters; the limit is {limit}",
                 param="input", code="string_above_max_length",
             )
-        plan = self._plan(model, text, voice, speed, language, instructions, request_id)
+        plan = self._plan(model, text, voice, speed, language, instructions, request_id,
+                          timestamps)
         plan.internal = internal
         plan.segments = split_text(
             text,
             max_chars=plan.engine.capabilities.max_segment_chars,
             first_max_chars=self.settings.first_segment_chars,
         )
+        plan.offsets = segment_offsets(text, plan.segments)
         self._validate(plan, plan.segments[0])
         return plan
 
     def plan_stream(self, *, model: str, voice: str | None = None, speed: float = 1.0,
                     language: str | None = None, instructions: str | None = None,
-                    request_id: str | None = None) -> SpeechPlan:
+                    request_id: str | None = None, timestamps: bool = False) -> SpeechPlan:
         """A text-in request: options checked now (on a probe sentence), text fed later."""
-        plan = self._plan(model, "", voice, speed, language, instructions, request_id)
+        plan = self._plan(model, "", voice, speed, language, instructions, request_id,
+                          timestamps)
         plan.text = TextFeed(
             max_chars=min(plan.engine.capabilities.max_segment_chars,
                           self.settings.max_input_chars),
@@ -109,9 +124,14 @@ class SpeechService:
         return plan
 
     def _plan(self, model: str, text: str, voice: str | None, speed: float,
-              language: str | None, instructions: str | None, request_id: str | None
-              ) -> SpeechPlan:
+              language: str | None, instructions: str | None, request_id: str | None,
+              timestamps: bool = False) -> SpeechPlan:
         handle = self.registry.resolve(model)
+        if timestamps and not isinstance(handle.engine, TimedEngine):
+            raise InvalidParameter(
+                f"The {handle.id} engine reports no word timings; ask without timestamps",
+                param="timestamps", code="timestamps_unsupported",
+            )
         if not 0.25 <= speed <= 4.0:
             raise InvalidParameter("'speed' must be between 0.25 and 4.0", param="speed")
         warnings = []
@@ -128,12 +148,14 @@ class SpeechService:
             stretch=stretch,
             language=language,
             warnings=warnings,
+            timestamps=timestamps,
         )
 
     @staticmethod
     def _validate(plan: SpeechPlan, sample: str) -> None:
         plan.engine.validate(SynthesisRequest(
-            text=sample, voice=plan.voice, speed=plan.native_speed, language=plan.language
+            text=sample, voice=plan.voice, speed=plan.native_speed, language=plan.language,
+            timings=plan.timestamps,
         ))
 
     # -- running -----------------------------------------------------------------------------

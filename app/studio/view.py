@@ -9,14 +9,16 @@ from __future__ import annotations
 import asyncio
 import secrets
 from dataclasses import dataclass, field
+from typing import Any
 
 from cachetools import TTLCache
 from starlette.requests import Request
 
 from app.audio.encoders import CONTENT_TYPES, encode_whole
-from app.protocols.native import whole_clip
+from app.protocols.native import whole_timed
+from app.protocols.timestamps import captions, word_json
 from app.serving.service import SpeechService
-from engines.base import InvalidParameter, Voice
+from engines.base import InvalidParameter, TimedEngine, Voice
 from engines.frontend.detect import language_matches
 
 FORMATS = ("mp3", "opus", "aac", "flac", "wav")
@@ -176,6 +178,28 @@ class Clip:
     sample_rate: int
     stats: dict[str, object]
     warnings: list[str] = field(default_factory=list)
+    text: str = ""
+    words: list[dict[str, Any]] = field(default_factory=list)
+    """Timed words (`word_json`), for the transcript that highlights the word being heard."""
+    srt: str = ""
+
+    @property
+    def transcript(self) -> list[tuple[str, dict[str, Any] | None]]:
+        """The text in pieces: each timed word with its timing, the text between with None."""
+        pieces: list[tuple[str, dict[str, Any] | None]] = []
+        position = 0
+        for word in self.words:
+            if word["char_start"] > position:
+                pieces.append((self.text[position:word["char_start"]], None))
+            pieces.append((self.text[word["char_start"]:word["char_end"]], word))
+            position = max(position, word["char_end"])
+        if position < len(self.text):
+            pieces.append((self.text[position:], None))
+        return pieces
+
+    @property
+    def srt_name(self) -> str:
+        return self.filename.rsplit(".", 1)[0] + ".srt"
 
     @property
     def content_type(self) -> str:
@@ -223,10 +247,11 @@ async def synthesize(service: SpeechService, *, model: str, text: str, voice: st
         raise InvalidParameter(
             f"The Studio plays {', '.join(FORMATS)}; '{fmt}' is not one of them", param="format"
         )
+    timed = isinstance(service.registry.resolve(model).engine, TimedEngine)
     plan = service.plan(model=model, text=text, voice=voice or None, speed=speed,
-                        request_id=request_id)
+                        request_id=request_id, timestamps=timed)
     job = service.speak(plan)
-    samples = await whole_clip(job, request)
+    samples, words = await whole_timed(job, request)
     data = await asyncio.to_thread(encode_whole, samples, job.sample_rate, fmt)
     assert job.stats is not None
     return Clip(
@@ -238,4 +263,7 @@ async def synthesize(service: SpeechService, *, model: str, text: str, voice: st
         sample_rate=job.sample_rate,
         stats=job.stats.envelope(),
         warnings=list(plan.warnings),
+        text=text,
+        words=[word_json(w) for w in words],
+        srt=captions(text, words, "srt") if words else "",
     )

@@ -8,22 +8,47 @@ phonemes to eSpeak NG.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from engines.frontend import en, ja, zh
 from engines.frontend.detect import Run, base_language, canonical, split_runs
 from engines.frontend.espeak_voices import espeak_language
+from engines.frontend.spans import Spanned
 
-__all__ = ["Run", "base_language", "canonical", "espeak_runs", "normalize", "prepare",
-           "supported"]
+__all__ = [
+    "Run",
+    "Spanned",
+    "SpannedRun",
+    "base_language",
+    "canonical",
+    "espeak_runs",
+    "espeak_runs_spanned",
+    "normalize",
+    "prepare",
+    "prepare_spanned",
+    "supported",
+]
 
-NORMALIZERS: dict[str, Callable[[str], str]] = {
-    "en": en.normalize, "zh": zh.normalize, "ja": ja.normalize,
+NORMALIZERS: dict[str, Callable[[Spanned], Spanned]] = {
+    "en": en.normalize_spanned, "zh": zh.normalize_spanned, "ja": ja.normalize_spanned,
 }
 """Languages with a text normalizer; others go to the phonemizer as written (eSpeak NG reads
 numbers in its own languages)."""
 
 
+@dataclass(frozen=True)
+class SpannedRun:
+    """A run of one language whose characters know their span in the text it was cut from."""
+
+    text: Spanned
+    language: str
+
+
 def normalize(text: str, language: str) -> str:
+    return normalize_spanned(Spanned.of(text), language).text
+
+
+def normalize_spanned(text: Spanned, language: str) -> Spanned:
     normalizer = NORMALIZERS.get(base_language(language))
     return normalizer(text) if normalizer else text
 
@@ -34,16 +59,28 @@ def prepare(text: str, *, default: str, override: str | None = None) -> list[Run
     `default` is the voice's language (it reads Latin text when it is written in Latin);
     `override` is the request's `language`.
     """
-    runs: list[Run] = []
+    return [Run(run.text.text, run.language)
+            for run in prepare_spanned(text, default=default, override=override)]
+
+
+def prepare_spanned(text: str, *, default: str, override: str | None = None
+                    ) -> list[SpannedRun]:
+    """`prepare`, each run's characters with their span in `text`."""
+    runs: list[SpannedRun] = []
+    offset = 0
     for run in split_runs(text, default, override):
-        spoken = normalize(run.text, run.language)
+        spoken = normalize_spanned(Spanned.of(run.text, offset), run.language)
+        offset += len(run.text)
         # A rule may leave letters of another script behind (a unit with no local word): those
         # are detected again, with the run's own language claiming its scripts.
-        for piece in split_runs(spoken, run.language, run.language):
+        position = 0
+        for piece in split_runs(spoken.text, run.language, run.language):
+            part = spoken[position:position + len(piece.text)]
+            position += len(piece.text)
             if runs and runs[-1].language == piece.language:
-                runs[-1] = Run(runs[-1].text + piece.text, piece.language)
+                runs[-1] = SpannedRun(runs[-1].text + part, piece.language)
             else:
-                runs.append(piece)
+                runs.append(SpannedRun(part, piece.language))
     return runs
 
 
@@ -56,13 +93,24 @@ def espeak_runs(text: str, *, voice_language: str, override: str | None = None
                 ) -> list[tuple[str, str]]:
     """(text, eSpeak language) pairs: runs in the voice's language keep the voice's language,
     others get eSpeak's voice for theirs; Japanese is handed over as its kana reading."""
+    return [(spoken.text, language) for spoken, language
+            in espeak_runs_spanned(text, voice_language=voice_language, override=override)]
+
+
+def espeak_runs_spanned(text: str, *, voice_language: str, override: str | None = None
+                        ) -> list[tuple[Spanned, str]]:
+    """`espeak_runs`, each text with its characters' spans in `text` (a kana reading spans its
+    whole run)."""
     voice_base = base_language(voice_language)
-    pairs: list[tuple[str, str]] = []
-    for run in prepare(text, default=voice_language, override=override):
+    pairs: list[tuple[Spanned, str]] = []
+    for run in prepare_spanned(text, default=voice_language, override=override):
         base = base_language(run.language)
         language = voice_language if base == voice_base else (
             espeak_language(run.language) or voice_language)
-        spoken = ja.kana(run.text) if base == "ja" else run.text
-        if any(c.isalnum() for c in spoken):
+        spoken = run.text
+        if base == "ja":
+            spoken = Spanned.made_from(ja.kana(run.text.text), *run.text.source_span(
+                0, len(run.text)))
+        if any(c.isalnum() for c in spoken.text):
             pairs.append((spoken, language))
     return pairs

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from num2words import num2words
 
+from engines.frontend.spans import Spanned, apply_rules
 from engines.frontend.units import NUMBER, UNIT_AFTER_NUMBER, UNITS
 from engines.frontend.width import fold_width
 
@@ -251,9 +252,15 @@ _RULES: list[Rule] = [
 ]
 
 
+_SPACES = re.compile(r"[ \t]{2,}")
+
+
 def normalize(text: str) -> str:
     """English text with its numbers, symbols and abbreviations written as spoken words."""
-    text = fold_width(text)
-    for pattern, replace in _RULES:
-        text = pattern.sub(replace, text)
-    return re.sub(r"[ \t]{2,}", " ", text)
+    return normalize_spanned(Spanned.of(text)).text
+
+
+def normalize_spanned(text: Spanned) -> Spanned:
+    """`normalize`, each character remembering the span of the input it stands for."""
+    text = apply_rules(text.fold(fold_width), _RULES)
+    return text.sub(_SPACES, lambda m: " ")

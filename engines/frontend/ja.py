@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from engines.frontend.spans import Spanned, apply_rules
 from engines.frontend.units import NUMBER, UNIT_AFTER_NUMBER, UNITS
 from engines.frontend.width import fold_alnum
 from engines.helper import HelperProcess
@@ -57,10 +58,12 @@ _RULES: list[Rule] = [
 
 def normalize(text: str) -> str:
     """Japanese text with the symbols the reading dictionary would skip written out."""
-    text = fold_alnum(text)
-    for pattern, replace in _RULES:
-        text = pattern.sub(replace, text)
-    return text
+    return normalize_spanned(Spanned.of(text)).text
+
+
+def normalize_spanned(text: Spanned) -> Spanned:
+    """`normalize`, each character remembering the span of the input it stands for."""
+    return apply_rules(text.fold(fold_alnum), _RULES)
 
 
 READER = HelperProcess("engines.ja_reader", what="the Japanese reader")

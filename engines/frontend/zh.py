@@ -12,6 +12,7 @@ from collections.abc import Callable
 import cn2an
 
 from engines.frontend.pinyin_ipa import syllable_phonemes
+from engines.frontend.spans import Spanned, apply_rules
 from engines.frontend.units import NUMBER, UNIT_AFTER_NUMBER, UNITS
 from engines.frontend.width import fold_alnum
 
@@ -86,10 +87,12 @@ _RULES: list[Rule] = [
 
 def normalize(text: str) -> str:
     """Chinese text with digits and symbols written as the characters a reader says."""
-    text = fold_alnum(text)
-    for pattern, replace in _RULES:
-        text = pattern.sub(replace, text)
-    return text
+    return normalize_spanned(Spanned.of(text)).text
+
+
+def normalize_spanned(text: Spanned) -> Spanned:
+    """`normalize`, each character remembering the span of the input it stands for."""
+    return apply_rules(text.fold(fold_alnum), _RULES)
 
 
 _jieba_lock = threading.Lock()

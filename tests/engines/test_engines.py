@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -36,9 +37,12 @@ def test_kokoro_speaks_japanese_and_english(kokoro: KokoroEngine) -> None:
 def test_kokoro_never_truncates_past_the_token_limit(kokoro: KokoroEngine) -> None:
     words = "one two three four five six seven eight nine ten " * 12  # > 510 phoneme tokens
     phonemes = kokoro.phonemize(words, "jf_alpha")
-    runs = list(kokoro._token_runs(phonemes))
-    assert len(runs) >= 2 and all(len(r) <= MAX_TOKENS for r in runs)
-    assert sum(len(r) for r in runs) == sum(1 for c in phonemes if c in kokoro._vocab)
+    tokens = [kokoro._vocab[c] for c in phonemes if c in kokoro._vocab]
+    runs = list(kokoro._token_runs(tokens))
+    assert len(runs) >= 2 and all(end - start <= MAX_TOKENS for start, end in runs)
+    assert runs[0][0] == 0 and runs[-1][1] == len(tokens)
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(runs))
+    assert sum(end - start for start, end in runs) == sum(1 for c in phonemes if c in kokoro._vocab)
     full = kokoro.synthesize(SynthesisRequest(text=words, voice="jf_alpha"))
     assert len(words) / 25 < len(full) / kokoro.sample_rate < len(words) / 6
 

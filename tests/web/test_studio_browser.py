@@ -139,6 +139,48 @@ def test_generate_plays_decodable_audio(server: LiveServer, context: BrowserCont
            ).to_be_visible()
 
 
+def test_the_word_being_heard_is_highlighted_and_the_srt_offered(
+        server: LiveServer, context: BrowserContext) -> None:
+    import urllib.parse
+
+    import srt
+
+    text = "Every voice gets a fair hearing in the studio."
+    page = open_studio(context, server.url)
+    page.select_option("#model", "piper")
+    page.fill("#text", text)
+    page.click("#generate")
+    words = page.locator("#transcript .w")
+    expect(words).to_have_count(9)
+    assert page.locator("#transcript").inner_text().strip() == text
+    # Play from just inside the fifth word: that word, and only it, lights up.
+    fifth = float(words.nth(4).get_attribute("data-start") or 0)
+    page.evaluate("""(t) => { const a = document.querySelector('#player');
+        a.muted = true; a.currentTime = t; return a.play(); }""", fifth + 0.01)
+    expect(page.locator("#transcript .w.speaking")).to_have_count(1)
+    lit = page.evaluate("""() => [...document.querySelectorAll('#transcript .w')]
+        .map((w, i) => [i, w.classList.contains('speaking')])""")
+    assert next(i for i, on in lit if on) >= 4
+    link = page.locator("#download-srt")
+    expect(link).to_have_attribute("download", re.compile(r"\.srt$"))
+    href = link.get_attribute("href") or ""
+    cues = list(srt.parse(urllib.parse.unquote(href.split(",", 1)[1])))
+    assert " ".join(c.content for c in cues) == text
+
+
+def test_stream_highlights_words_as_they_are_heard(server: LiveServer,
+                                                  context: BrowserContext) -> None:
+    page = open_studio(context, server.url)
+    page.select_option("#model", "piper")
+    text = "Streaming starts at once. The second sentence follows while the first one plays."
+    page.fill("#text", text)
+    page.click("#stream")
+    expect(page.locator("#stream-words .w")).to_have_count(13, timeout=20_000)
+    expect(page.locator("#stream-words .w.speaking")).to_have_count(1, timeout=10_000)
+    expect(page.locator("#stream-state")).to_have_text("done", timeout=20_000)
+    assert page.locator("#stream-words").inner_text().strip() == text
+
+
 def test_keyboard_generate_with_ctrl_enter(server: LiveServer, context: BrowserContext) -> None:
     page = open_studio(context, server.url)
     page.select_option("#model", "espeak")

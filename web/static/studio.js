@@ -219,6 +219,13 @@
     const started = performance.now();
     const request = { model, input: $("text").value, speed: Number($("speed").value),
                       format: "pcm_s16le" };
+    if (!player.untimed) request.timestamps = "word";
+    player.untimed = false;
+    const words = $("stream-words");
+    words.textContent = "";
+    words.hidden = true;
+    player.words = [];
+    player.chunks = [];
     if (voice) request.voice = voice;
 
     const scheme = location.protocol === "https:" ? "wss" : "ws";
@@ -253,8 +260,8 @@
         }
         if (!rate || !bytes.length) return;
         const pcm = new Int16Array(bytes.buffer, bytes.byteOffset, bytes.length / 2);
+        player.chunks.push({ from: samples / rate, at: schedule(ctx, pcm, rate, started) });
         samples += pcm.length;
-        schedule(ctx, pcm, rate, started);
         return;
       }
       const message = JSON.parse(event.data);
@@ -262,12 +269,16 @@
         rate = message.sample_rate;
         total = message.segments || 0;
         streamState(`playing ${message.model} / ${message.voice}`);
+      } else if (message.type === "words") {
+        addStreamWords(message.words, request.input);
       } else if (message.type === "segment") {
         segments += 1;
         $("stream-detail").textContent =
           `segment ${segments} of ${total || "?"} · ${(samples / rate).toFixed(1)} s received`;
       } else if (message.type === "done") {
         finished = true;
+        const last = player.words.length ? player.words[player.words.length - 1].char_end : 0;
+        if (last) $("stream-words").append(request.input.slice(last));
         const s = message.stats || {};
         const parts = [`${s.segments} segments`, `${(s.audio_duration_ms / 1000).toFixed(2)} s of audio`];
         if (s.ttfb_ms != null) parts.push(`server first audio ${Math.round(s.ttfb_ms)} ms`);
@@ -276,6 +287,12 @@
         streamState("received; playing to the end");
         refresh();
         finishWhenPlayed(ctx, session);
+      } else if (message.type === "error" && message.error &&
+                 message.error.code === "timestamps_unsupported") {
+        finished = true;  // an engine without word timings: stream without them
+        ws.close(1000, "retry");
+        player.untimed = true;
+        startStream();
       } else if (message.type === "error") {
         finished = true;
         stopAudio();
@@ -319,6 +336,65 @@
       $("ttfa").dataset.ms = String(Math.round(ms));
     }
     player.next = at + buffer.duration;
+    if (!player.raf) player.raf = requestAnimationFrame(highlightStream);
+    return at;
+  }
+
+  // -- word highlighting: the clip player's time, or the stream's response time ----------------
+
+  function highlight(container, seconds) {
+    if (!container) return;
+    for (const span of container.querySelectorAll(".w")) {
+      const on = Number(span.dataset.start) <= seconds && seconds < Number(span.dataset.end);
+      span.classList.toggle("speaking", on);
+    }
+  }
+
+  function addStreamWords(words, text) {
+    const box = $("stream-words");
+    const known = player.words.length;
+    let position = known ? player.words[known - 1].char_end : 0;
+    for (const w of words) {
+      if (w.char_start > position) box.append(text.slice(position, w.char_start));
+      const span = document.createElement("span");
+      span.className = "w";
+      span.dataset.start = String(w.start);
+      span.dataset.end = String(w.end);
+      span.textContent = text.slice(w.char_start, w.char_end);
+      box.append(span);
+      position = w.char_end;
+      player.words.push(w);
+    }
+    box.hidden = false;
+  }
+
+  function streamTime(ctx) {
+    // The response's time now: from the chunk playing, as each was scheduled where it fitted.
+    let found = null;
+    for (const chunk of player.chunks) {
+      if (chunk.at <= ctx.currentTime) found = chunk; else break;
+    }
+    return found ? found.from + (ctx.currentTime - found.at) : -1;
+  }
+
+  function highlightStream() {
+    player.raf = 0;
+    if (!player.ctx || !player.chunks || !player.chunks.length) return;
+    highlight($("stream-words"), streamTime(player.ctx));
+    if (player.sources.length) player.raf = requestAnimationFrame(highlightStream);
+  }
+
+  function followClip() {
+    const audio = $("player");
+    const box = $("transcript");
+    if (!audio || !box) return;
+    const tick = () => {
+      highlight(box, audio.currentTime);
+      if (!audio.paused && !audio.ended) requestAnimationFrame(tick);
+    };
+    audio.addEventListener("play", () => requestAnimationFrame(tick));
+    audio.addEventListener("seeked", tick);
+    audio.addEventListener("ended", () => highlight(box, -1));
   }
 
   function finishWhenPlayed(ctx, session) {
@@ -394,6 +470,7 @@
     applyOpenState(event.detail.target);
     if (event.detail.target.id === "result") {
       refresh();
+      followClip();
       const audio = $("player");
       if (audio) audio.play().catch(() => { /* the person presses play */ });
     }

@@ -205,7 +205,7 @@ def test_cancel_mid_stream_stops_and_frees_the_lease(server: LiveServer) -> None
         got.read(conn)
     planned = got.frames[0]["segments"]
     assert planned >= 40
-    assert got.last == {"type": "cancelled"} and got.close_code == 1000
+    assert got.last is not None and got.last["type"] == "cancelled" and got.close_code == 1000
     assert 1 <= len(got.of("segment")) < planned / 2
     wait_idle(server, "piper", got.frames[0]["request_id"])
 
@@ -225,7 +225,7 @@ def test_http_cancel_ends_a_websocket_request(server: LiveServer) -> None:
         request_id = got.frames[0]["request_id"]
         assert http.post(f"/v1/audio/requests/{request_id}/cancel").status_code == 200
         got.read(conn)
-    assert got.last == {"type": "cancelled"}
+    assert got.last is not None and got.last["type"] == "cancelled"
     wait_idle(server, "piper", request_id)
 
 
@@ -302,7 +302,7 @@ def test_text_cancel_is_seen_during_synthesis(server: LiveServer) -> None:
         got = Received().read(conn, lambda r: bool(r.of("segment")))
         conn.send(json.dumps({"type": "cancel"}))
         got.read(conn)
-    assert got.last == {"type": "cancelled"} and got.close_code == 1000
+    assert got.last is not None and got.last["type"] == "cancelled" and got.close_code == 1000
     assert 1 <= len(got.of("segment")) < len(sentences) / 2
     wait_idle(server, "piper", got.frames[0]["request_id"])
 

@@ -1,0 +1,101 @@
+"""Captioned speech: audio as base64 in JSON with its word timings, Kokoro-FastAPI's shape
+(`audio`, `audio_format`, `timestamps` of `{word, start_time, end_time}`) plus ElevenLabs-style
+character `alignment` and, on request, SRT or WebVTT `captions`.
+
+Whole: one JSON object once the clip is complete. Streamed: newline-delimited JSON, one object
+per segment as it is synthesized (its encoded audio, its words, its characters), then a last
+object with the encoder's tail and the captions; a failure after the first line is an `error`
+line, as in SSE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+from fastapi import Request
+from fastapi.responses import Response
+
+from app.audio.encoders import CONTENT_TYPES, StreamEncoder, encode_whole, output_rate
+from app.http.errors import error_body
+from app.protocols.native import compact, whole_timed
+from app.protocols.openai import JobResponse, encode, job_headers
+from app.protocols.timestamps import CaptionFormat, alignment, captions, kokoro_word
+from app.serving.job import JobEvent, SegmentEnd, SegmentWords, SpeechJob
+from engines.base import WordTiming
+
+MEDIA_TYPE = "application/x-ndjson"
+
+
+def _text(job: SpeechJob) -> str:
+    return job.plan.text if isinstance(job.plan.text, str) else ""
+
+
+def _timed(job: SpeechJob, body: dict[str, Any], words: list[WordTiming], start: int = 0,
+           end: int | None = None) -> dict[str, Any]:
+    if job.plan.timestamps:
+        body["timestamps"] = [kokoro_word(w) for w in words]
+        body["alignment"] = alignment(_text(job), words, start, end)
+    else:
+        body["timestamps"] = None
+        body["alignment"] = None
+    return body
+
+
+async def whole_response(job: SpeechJob, fmt: str, caption: CaptionFormat | None,
+                         request: Request) -> Response:
+    audio, words = await whole_timed(job, request)
+    data = await asyncio.to_thread(encode_whole, audio, job.sample_rate, fmt)
+    body = _timed(job, {"audio": base64.b64encode(data).decode(),
+                        "audio_format": CONTENT_TYPES[fmt]}, words)
+    if caption is not None:
+        body["captions"] = captions(_text(job), words, caption)
+    headers = job_headers(job, output_rate(fmt, job.sample_rate))
+    assert job.stats is not None
+    headers["X-VoxMux-Stats"] = compact(job.stats.envelope())
+    return Response(json.dumps(body, ensure_ascii=False, separators=(",", ":")),
+                    media_type="application/json", headers=headers)
+
+
+def _line(body: dict[str, Any]) -> bytes:
+    return (json.dumps(body, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+
+
+def stream_response(job: SpeechJob, fmt: str, caption: CaptionFormat | None) -> JobResponse:
+    async def lines(job: SpeechJob, events: AsyncIterator[JobEvent], encoder: StreamEncoder
+                    ) -> AsyncIterator[bytes]:
+        content_type = CONTENT_TYPES[fmt]
+        pending = b""
+        segment: list[WordTiming] = []
+        every: list[WordTiming] = []
+        offsets = job.plan.offsets
+        try:
+            async for event in events:
+                if isinstance(event, np.ndarray):
+                    pending += await encode(encoder, event)
+                elif isinstance(event, SegmentWords):
+                    segment = list(event.words)
+                    every += segment
+                elif isinstance(event, SegmentEnd):
+                    start = offsets[event.index] if event.index < len(offsets) else 0
+                    yield _line(_timed(job, {"audio": base64.b64encode(pending).decode(),
+                                             "audio_format": content_type},
+                                       segment, start, start + len(event.text)))
+                    pending, segment = b"", []
+            pending += await encode(encoder, None)
+        except Exception as exc:  # the stream is already 200: report, never a broken socket
+            yield _line(error_body(exc))
+            return
+        last: dict[str, Any] = {"audio": base64.b64encode(pending).decode(),
+                                "audio_format": content_type}
+        if job.plan.timestamps:
+            last |= {"timestamps": [], "alignment": alignment("", [], 0, 0)}
+        if caption is not None:
+            last["captions"] = captions(_text(job), every, caption)
+        yield _line(last)
+
+    return JobResponse(job, fmt, lines, MEDIA_TYPE, {"Cache-Control": "no-cache"})
