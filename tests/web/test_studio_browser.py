@@ -283,6 +283,8 @@ def test_voice_filters_count_and_use(server: LiveServer, context: BrowserContext
     page.select_option("#filter-gender", "")
     page.fill("#voice-search", "joe")
     expect(page.locator("#voice-count")).to_have_text(re.compile(r"^1 of \d+ voices match$"))
+    # The search is debounced: a list swapped in after the click would take the button away.
+    page.wait_for_function("!document.querySelector('.htmx-request, .htmx-settling')")
     page.click('button[data-action="use"][data-voice="en_US-joe-medium"]')
     expect(page.locator("#model")).to_have_value("piper")
     expect(page.locator("#voice")).to_have_value("en_US-joe-medium")
