@@ -9,13 +9,14 @@ segment followed by its `SegmentEnd`, then the end of the iteration or the job's
 The work runs in a producer task, so a slow reader never holds an engine (audio waits in memory)
 and a cancel reaches the engine at once: the cancel token stops the running call at its next
 step (inside an ONNX inference through `RunOptions.terminate`). A request found in the audio
-cache is replayed without a request place, a lease or an engine.
+cache is replayed without a request place, a lease or an engine. The segments themselves come
+from a render session (`app.serving.render`): in this process, or on an engine replica of a
+cluster; everything else a job does is the same either way.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -26,6 +27,7 @@ import numpy as np
 from app.audio import dsp
 from app.serving.cache import AudioCache, CachedAudio
 from app.serving.memory import MemoryTracker
+from app.serving.render import Progress, Renderer, RenderSession, RenderWork
 from app.serving.scheduler import Lane
 from app.serving.tracking import CacheUse, Outcome, RequestRecord, RequestStats, RequestStatus
 from app.text.feed import TextFeed
@@ -37,10 +39,9 @@ from engines.base import (
     Overloaded,
     RequestTimeout,
     SynthesisFailed,
-    SynthesisRequest,
     VoxMuxError,
 )
-from engines.registry import EngineRegistry, ModelHandle, ModelStatus
+from engines.registry import ModelHandle
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class JobContext:
     """What a job uses of the service: `started` is told when the job starts, `finished` once
     it has stopped (both only for jobs with a record)."""
 
-    registry: EngineRegistry[Lane]
+    renderer: Renderer
     cache: AudioCache
     cache_key: Callable[[SpeechPlan], str]
     timeout: float
@@ -163,14 +164,12 @@ class SpeechJob:
         await self.close()
 
     def start(self) -> None:
-        """Look the request up in the cache and start working; once only."""
+        """Start working (the cache lookup is the job's first step); once only."""
         if self._task is not None:
             return
-        plan, cache = self.plan, self._context.cache
-        if cache.enabled and not plan.internal and not plan.streamed:
+        plan = self.plan
+        if self._context.cache.enabled and not plan.internal and not plan.streamed:
             self._cache_key = self._context.cache_key(plan)
-            self._cached = cache.get(self._cache_key)
-            self.cache_use = "hit" if self._cached is not None else "miss"
         if self.record is not None:
             self._context.started(self)
         self._memory = MemoryTracker()
@@ -240,6 +239,9 @@ class SpeechJob:
 
     async def _produce(self) -> None:
         try:
+            if self._cache_key is not None:
+                self._cached = await self._context.cache.get(self._cache_key)
+                self.cache_use = "hit" if self._cached is not None else "miss"
             if self._cached is not None:
                 self._replay(self._cached)
             else:
@@ -310,33 +312,46 @@ class SpeechJob:
             text = self.plan.segments[index] if index < len(self.plan.segments) else ""
             self._segment_done(index, text, samples)
 
+    def _work(self) -> RenderWork:
+        plan = self.plan
+        return RenderWork(
+            ticket=self.ticket, model_id=plan.model_id, voice=plan.voice,
+            native_speed=plan.native_speed, stretch=plan.stretch, language=plan.language,
+            segments=None if plan.streamed else tuple(plan.segments), cancel=self._cancel,
+            progress=self._progress, abandon=self._report,
+        )
+
+    def _progress(self, progress: Progress) -> None:
+        if progress == "running" and self._first_audio is not None:
+            self._status("streaming")
+        else:
+            self._status(progress)
+
     async def _synthesize(self) -> None:
         plan = self.plan
-        lane = plan.handle.lane
         pause = dsp.pause(self.sample_rate, self._context.pause_ms)
         keep: list[tuple[Audio, ...]] | None = [] if self._cache_key is not None else None
         size = 0
-        async with lane.admitted(self.ticket):
-            ready = plan.handle.status is ModelStatus.READY
-            self._status("queued" if ready else "loading")
-            async with self._context.registry.lease(plan.model_id) as engine:
-                index = 0
-                while (text := await self._next_segment(index)) is not None:
-                    chunks = await self._segment(lane, engine, text)
-                    if index and chunks:
-                        chunks[0] = np.concatenate([pause, chunks[0]])
-                    for chunk in chunks:
-                        self._audio_out(chunk)
-                    self._segment_done(index, text, sum(len(c) for c in chunks))
-                    if keep is not None:  # dropped once too big: no second copy held
-                        size += sum(c.nbytes for c in chunks)
-                        keep = keep if self._context.cache.fits(size) else None
-                        if keep is not None:
-                            keep.append(tuple(chunks))
-                    index += 1
+        assert self._memory is not None
+        async with self._context.renderer.session(self._work()) as session:
+            index = 0
+            while (text := await self._next_segment(index)) is not None:
+                chunks = await self._segment(session, text)
+                self._memory.update()
+                if index and chunks:
+                    chunks[0] = np.concatenate([pause, chunks[0]])
+                for chunk in chunks:
+                    self._audio_out(chunk)
+                self._segment_done(index, text, sum(len(c) for c in chunks))
+                if keep is not None:  # dropped once too big: no second copy held
+                    size += sum(c.nbytes for c in chunks)
+                    keep = keep if self._context.cache.fits(size) else None
+                    if keep is not None:
+                        keep.append(tuple(chunks))
+                index += 1
         if keep is not None and self._cache_key is not None:
-            self._context.cache.put(self._cache_key,
-                                    CachedAudio.build(plan.model_id, self.sample_rate, keep))
+            await self._context.cache.put(
+                self._cache_key, CachedAudio.build(plan.model_id, self.sample_rate, keep))
 
     async def _next_segment(self, index: int) -> str | None:
         text = self.plan.text
@@ -344,48 +359,12 @@ class SpeechJob:
             return await text.next()
         return self.plan.segments[index] if index < len(self.plan.segments) else None
 
-    async def _segment(self, lane: Lane, engine: Engine, text: str) -> list[Audio]:
-        """One segment: wait for a turn, then render it; the request timeout bounds both."""
-        timeout = self._context.timeout
-        deadline = asyncio.get_running_loop().time() + timeout
-        async with lane.turn(self.ticket, timeout) as turn:
-            self._status("running" if self._first_audio is None else "streaming")
-            remaining = max(0.001, deadline - asyncio.get_running_loop().time())
-            render = functools.partial(self._render, engine, text)
-            started = time.perf_counter()
-            try:
-                return await turn.call(render, self._cancel, remaining, abandon=self._report)
-            finally:
-                self._synthesis_s += time.perf_counter() - started
-
-    def _render(self, engine: Engine, text: str) -> list[Audio]:
-        """Synthesize and finish one segment; runs in an engine thread, off the event loop."""
-        plan = self.plan
-        request = SynthesisRequest(text=text, voice=plan.voice, speed=plan.native_speed,
-                                   language=plan.language, cancel=self._cancel)
-        chunks: list[Audio] = []
+    async def _segment(self, session: RenderSession, text: str) -> list[Audio]:
+        started = time.perf_counter()
         try:
-            for chunk in engine.stream(request):
-                self._cancel.check()
-                if len(chunk):
-                    chunks.append(self._finish_chunk(np.asarray(chunk, dtype=np.float32)))
-        except VoxMuxError:
-            raise
-        except Exception as exc:
-            if self._cancel.cancelled:  # the engine stopped because we told it to
-                raise Cancelled("The request was cancelled") from exc
-            log.exception("engine %s failed on a segment", plan.model_id)
-            raise SynthesisFailed(f"The {plan.model_id} engine failed: {exc}") from exc
-        assert self._memory is not None
-        self._memory.update()
-        return chunks
-
-    def _finish_chunk(self, chunk: Audio) -> Audio:
-        rate = self.sample_rate
-        audio = dsp.trim_silence(chunk, rate)
-        if abs(self.plan.stretch - 1.0) > 1e-3:
-            audio = dsp.time_stretch(audio, self.plan.stretch, rate)
-        return dsp.fade_edges(dsp.peak_limit(audio), rate)
+            return await session.render(text)
+        finally:
+            self._synthesis_s += time.perf_counter() - started
 
 
 def _outcome(exc: BaseException) -> tuple[Outcome, VoxMuxError]:

@@ -15,6 +15,7 @@ from starlette.requests import Request
 
 from app.audio.encoders import CONTENT_TYPES, encode_whole
 from app.protocols.native import whole_clip
+from app.serving.fleet import ModelView
 from app.serving.service import SpeechService
 from engines.base import InvalidParameter, Voice
 from engines.frontend.detect import language_matches
@@ -147,20 +148,20 @@ class ModelRow:
     current: bool
 
 
-def model_rows(service: SpeechService) -> list[ModelRow]:
+def model_rows(service: SpeechService, views: dict[str, ModelView]) -> list[ModelRow]:
     return [
         ModelRow(
             id=handle.id,
             engine=handle.entry.engine,
             description=handle.entry.description,
-            status=str(handle.status),
-            error=handle.error,
-            refcount=handle.refcount,
-            load_seconds=handle.load_seconds,
+            status=str(views[handle.id].status),
+            error=views[handle.id].error,
+            refcount=views[handle.id].refcount,
+            load_seconds=views[handle.id].load_seconds,
             voices=len(handle.engine.voices()),
             default_voice=handle.entry.default_voice,
             aliases=handle.entry.aliases,
-            current=handle.current,
+            current=views[handle.id].current,
         )
         for handle in service.models()
     ]
