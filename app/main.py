@@ -15,6 +15,8 @@ from app.http.limits import BodyLimitMiddleware, WebSocketSendTimeout
 from app.http.requestid import RequestIdMiddleware
 from app.routes import cancel, health, models, monitoring, native, session, speech, studio, ws
 from app.serving.catalogue import Catalogue
+from app.serving.fleet import Fleet
+from app.serving.render import Renderer
 from app.serving.scheduler import Lane
 from app.serving.service import SpeechService
 from app.settings import Settings
@@ -76,18 +78,25 @@ async def _preload(app: FastAPI, service: SpeechService) -> None:
         app.state.ready.set()
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, renderer: Renderer | None = None,
+               fleet: Fleet | None = None) -> FastAPI:
+    """The app; with a `renderer` (and the `fleet` behind it) its segments are rendered
+    elsewhere (`app.cluster`), and this process loads no model."""
     settings = settings or Settings()
     catalogue = Catalogue.load(settings.catalogue_path)
     runtime = runtime_options(settings)
     check_providers(runtime)  # a missing CUDA shows in /health before the first model loads
     registry = build_registry(settings, catalogue, runtime)
-    service = SpeechService(settings, registry)
+    service = SpeechService(settings, registry, renderer=renderer, fleet=fleet)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.ready = asyncio.Event()
-        task = asyncio.create_task(_preload(app, service))
+        if fleet is None:
+            task = asyncio.create_task(_preload(app, service))
+        else:  # the engine replicas preload; /health waits for their reports
+            app.state.ready.set()
+            task = asyncio.create_task(asyncio.sleep(0))
         try:
             yield
         finally:
@@ -95,6 +104,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await asyncio.gather(task, return_exceptions=True)
             service.close()
             await registry.close()
+            await service.cache.close()
 
     app = FastAPI(title="VoxMux", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings

@@ -34,7 +34,10 @@ class ReplicaModel:
     """Evicted by the cluster's placement while requests still stream from it: it unloads when
     the last of them ends."""
     served: int = 0
-    """Requests this replica has rendered for the model."""
+    """Render sessions (requests, or sentences of streamed text) this replica has run for the
+    model."""
+    rendered: int = 0
+    """Segments this replica has rendered for the model."""
 
 
 @dataclass(frozen=True)
@@ -62,8 +65,8 @@ class Fleet(Protocol):
 
     async def replicas(self) -> list[ReplicaState]: ...
 
-    async def load(self, model_id: str) -> None:
-        """Load a model on the replica the cluster routes it to."""
+    async def load(self, model_id: str, voice: str) -> None:
+        """Load a model on the replica the cluster routes it to (rendering a word in `voice`)."""
 
 
 @dataclass(frozen=True)

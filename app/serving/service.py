@@ -89,7 +89,7 @@ class SpeechService:
 
     async def load_model(self, model_id: str) -> None:
         if self.fleet is not None:
-            await self.fleet.load(model_id)
+            await self.fleet.load(model_id, self.registry[model_id].entry.default_voice)
         else:
             await self.registry.load(model_id)
 
