@@ -13,6 +13,7 @@ or a `RequestTimeout`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -155,6 +156,9 @@ class _RaySession:
                 raise item.error
 
     def close(self) -> None:
+        """Cancel a call still running; one that never ran (refused, failed) has nothing to
+        cancel, and its error has been raised already."""
         if self._stream is not None and not self._ended:
-            self._stream.cancel()
             self._ended = True
+            with contextlib.suppress(Exception):
+                self._stream.cancel()

@@ -202,7 +202,8 @@ def test_overload_is_a_429_with_retry_after(cluster: Deployed) -> None:
         thread.join(timeout=300)
     refused = [r for r in results if r.status_code == 429]
     done = [r for r in results if r.status_code == 200]
-    assert len(results) == 12 and len(refused) + len(done) == 12, [r.status_code for r in results]
+    assert len(results) == 12 and len(refused) + len(done) == 12, [
+        (r.status_code, r.text[:300]) for r in results if r.status_code != 200]
     assert refused and done
     for response in refused:
         error = response.json()["error"]
