@@ -31,6 +31,7 @@ from app.studio.view import (
     all_voices,
     languages,
     model_rows,
+    open_clip_store,
     parse_keys,
     synthesize,
     voice_view,
@@ -186,7 +187,7 @@ async def generate(
     except VoxMuxError as exc:
         ctx = await _context(request, service, ("result",), error=exc.message)
         return _block(pages, "result", ctx, kind_of(exc).status)
-    stored = clips.put(clip)
+    stored = await clips.put(clip)
     ctx = await _context(request, service, ("result",), clip=clip, stored=stored)
     return _block(pages, "result", ctx)
 
@@ -196,7 +197,7 @@ _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 
 @router.get("/studio/audio/{clip_id}")
 async def clip_audio(clip_id: str, request: Request, clips: ClipsDep) -> Response:
-    clip = clips.get(clip_id)
+    clip = await clips.get(clip_id)
     if clip is None or not _access(request).synthesis:
         return Response("This clip is gone; generate it again.", status_code=404,
                         media_type="text/plain")
@@ -235,6 +236,6 @@ def install(app: FastAPI) -> None:
     pages.env.filters["clock"] = _clock
     pages.env.filters["slug"] = _slug
     app.state.studio_pages = pages
-    app.state.studio_clips = ClipStore()
+    app.state.studio_clips = open_clip_store(app.state.settings.cache_url)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.include_router(router)

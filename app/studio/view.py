@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from cachetools import TTLCache
 from starlette.requests import Request
@@ -188,7 +189,25 @@ class Clip:
         return f"voxmux-{self.model}-{voice}.{'ogg' if self.format == 'opus' else self.format}"
 
 
-class ClipStore:
+class ClipStore(Protocol):
+    """Where the Studio keeps the clips it made for its player and download link."""
+
+    async def put(self, clip: Clip) -> bool: ...
+
+    async def get(self, clip_id: str) -> Clip | None: ...
+
+
+def open_clip_store(url: str | None) -> ClipStore:
+    """In this process, or in the shared tier at `url` (`VOXMUX_CACHE_URL`), where every ingress
+    replica of a cluster finds the clip another one made."""
+    if not url:
+        return MemoryClipStore()
+    from app.studio.shared_clips import RedisClipStore  # the optional redis client
+
+    return RedisClipStore(url)
+
+
+class MemoryClipStore:
     """The last clips the Studio made, kept for its player and download link, bounded in bytes."""
 
     def __init__(self, max_items: int = 32, max_bytes: int = 64 << 20, ttl: float = 3600) -> None:
@@ -197,7 +216,7 @@ class ClipStore:
             maxsize=max_bytes, ttl=ttl, getsizeof=lambda clip: max(len(clip.data), 1)
         )
 
-    def put(self, clip: Clip) -> bool:
+    async def put(self, clip: Clip) -> bool:
         if len(clip.data) > self._clips.maxsize:
             return False
         self._clips[clip.id] = clip
@@ -205,7 +224,7 @@ class ClipStore:
             self._clips.popitem()
         return True
 
-    def get(self, clip_id: str) -> Clip | None:
+    async def get(self, clip_id: str) -> Clip | None:
         return self._clips.get(clip_id)
 
     def __len__(self) -> int:

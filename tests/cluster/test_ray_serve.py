@@ -8,7 +8,9 @@ replica to watch an eviction meet a stream.
 
 from __future__ import annotations
 
+import json
 import random
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from websockets.sync.client import connect
 
 from app.cluster import launch
 from app.settings import Settings
@@ -221,6 +224,48 @@ def test_admin_routes_say_the_cluster_places_models(cluster: Deployed) -> None:
     assert unload.status_code == 400 and unload.json()["error"]["code"] == "cluster_managed"
     assert loaded.status_code == 200 and loaded.json()["status"] == "ready"
     assert loaded.json()["replicas"]
+
+
+def test_studio_clips_are_found_by_every_ingress_replica(cluster: Deployed) -> None:
+    with cluster.client() as http:
+        assert "VoxMux" in http.get("/").text
+        result = http.post("/studio/generate", headers={"HX-Request": "true"}, data={
+            "model": "piper", "text": "The studio speaks on the cluster.", "format": "mp3",
+            "speed": "1.0"})
+        assert result.status_code == 200, result.text
+        match = re.search(r'<audio id="player"[^>]*src="([^"]+)"', result.text)
+        assert match, result.text
+        answered = set()
+        for _ in range(16):
+            clip = http.get(match[1])
+            assert clip.status_code == 200
+            answered.add(clip.headers["x-voxmux-replica"])
+    assert len(answered) == 2  # both ingress replicas served the clip one of them made
+    audio = decode(clip.content, "mp3")
+    assert audio.sample_rate == 22050 and audio.duration > 1 and audio.rms > 0.01
+
+
+def test_streamed_text_over_websocket_speaks_each_sentence(cluster: Deployed) -> None:
+    frames: list[dict[str, Any]] = []
+    pcm = b""
+    with connect(cluster.url.replace("http", "ws") + "/ws/v1/tts/text") as ws:
+        ws.send(json.dumps({"model": "piper", "voice": "alloy"}))
+        for token in ["The first sen", "tence arrives. ", "Then a second ", "one follows."]:
+            ws.send(json.dumps({"text": token}))
+        ws.send(json.dumps({"type": "end"}))
+        for message in ws:
+            if isinstance(message, bytes):
+                pcm += message
+                continue
+            frames.append(json.loads(message))
+            if frames[-1]["type"] in ("done", "error", "cancelled"):
+                break
+    kinds = [f["type"] for f in frames]
+    assert kinds[0] == "started" and kinds[-1] == "done", frames
+    assert kinds.count("segment") == 2
+    audio = decode(pcm, "pcm", pcm_rate=frames[0]["sample_rate"])
+    heard = hear(audio.samples, audio.sample_rate).text
+    assert word_error_rate("The first sentence arrives. Then a second one follows.", heard) < 0.4
 
 
 def test_an_evicted_model_finishes_the_stream_it_serves(cluster: Deployed) -> None:
