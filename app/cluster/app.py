@@ -24,6 +24,8 @@ from app.cluster.ingress import Ingress
 from app.settings import Settings
 
 APP_NAME = "voxmux"
+INGRESS, ENGINES, BOARD = "VoxMux", "VoxMuxEngines", "VoxMuxBoard"
+"""Deployment names, as Serve's config files (a RayService's `deployments:`) refer to them."""
 
 
 def absolute(settings: Settings) -> Settings:
@@ -38,16 +40,16 @@ def build(settings: Settings, *, engine_options: dict[str, Any] | None = None,
           ingress_options: dict[str, Any] | None = None) -> Application:
     """The application for `settings`; the options override Serve deployment options."""
     settings = absolute(settings)
-    board = serve.deployment(name="VoxMuxBoard", num_replicas=1,
+    board = serve.deployment(name=BOARD, num_replicas=1,
                              ray_actor_options={"num_cpus": 0})(Board).bind()
-    engines = serve.deployment(name="VoxMuxEngines")(Engines).options(**{
+    engines = serve.deployment(name=ENGINES)(Engines).options(**{
         "num_replicas": settings.ray_engine_replicas,
         "max_ongoing_requests": settings.concurrency + settings.queue_size,
         "max_queued_requests": settings.queue_size,
         "ray_actor_options": {"num_cpus": settings.ray_engine_cpus},
         **(engine_options or {}),
     }).bind(settings, board)
-    ingress: Application = serve.deployment(name="VoxMux")(serve.ingress()(Ingress)).options(**{
+    ingress: Application = serve.deployment(name=INGRESS)(serve.ingress()(Ingress)).options(**{
         "num_replicas": settings.ray_ingress_replicas,
         "max_ongoing_requests": settings.ray_ingress_max_ongoing,
         "ray_actor_options": {"num_cpus": settings.ray_ingress_cpus},
