@@ -121,6 +121,11 @@ class Settings(BaseSettings):
     """Replicas of the engine deployment; each holds up to `ray_models_per_replica` models."""
     ray_engine_cpus: float = Field(1, ge=0)
     """CPUs Ray reserves for each engine replica."""
+    ray_engine_max_ongoing: int | None = Field(None, ge=1)
+    """Requests one engine replica takes at once (they share its lanes by segment-sized turns);
+    when every replica holding a model is this busy, Serve places the model on another replica
+    too. Empty: `concurrency + queue_size`, as one process admits; lower it to spread a busy
+    model over more replicas sooner."""
     ray_models_per_replica: int = Field(2, ge=1)
     """Models one engine replica keeps loaded; the least recently used one is evicted (once its
     last request has ended) to make room."""
