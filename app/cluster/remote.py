@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
+import numpy as np
 from ray.exceptions import RayError
 from ray.serve.exceptions import BackPressureError
 
@@ -117,7 +118,9 @@ class _RaySession:
             elif isinstance(item, Failure):
                 raise item.error
             elif isinstance(item, Segment):
-                return item.chunks
+                # Own copies: Ray hands large arrays out as read-only views of its object store,
+                # which they would keep pinned while they wait for a slow reader.
+                return [np.array(chunk, dtype=np.float32, copy=True) for chunk in item.chunks]
             else:
                 raise SynthesisFailed("The engine replica ended the session early")
 

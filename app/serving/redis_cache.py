@@ -149,7 +149,13 @@ class RedisCache:
         except (RedisError, OSError) as exc:
             self._failed("lookup", exc)
             return None
-        return decode_entry(blob) if blob else None
+        if not blob:
+            return None
+        try:
+            return decode_entry(blob)
+        except (ValueError, KeyError, TypeError, struct.error) as exc:  # not one of ours
+            self._failed("decoding an entry", exc)
+            return None
 
     async def put(self, key: str, entry: CachedAudio) -> bool:
         if not self.fits(entry.nbytes):

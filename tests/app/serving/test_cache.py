@@ -133,6 +133,15 @@ async def test_an_entry_redis_evicted_leaves_the_budget(redis_url: str) -> None:
     await cache.close()
 
 
+async def test_a_foreign_value_under_a_key_is_a_miss(redis_url: str) -> None:
+    cache = RedisCache(redis_url, 10, 1 << 20, 1 << 20, prefix="foreign:")
+    await cache.put("a", entry("piper", 1.0))
+    with redis.Redis.from_url(redis_url) as client:
+        client.set("foreign:audio:a", b"\x00\x00\x00\x05junk")
+    assert await cache.get("a") is None and (await cache.snapshot()).errors == 1
+    await cache.close()
+
+
 async def test_redis_out_of_reach_is_a_miss_not_a_failure() -> None:
     cache = RedisCache(f"redis://127.0.0.1:{free_port()}/0", 10, 1 << 20, 1 << 20, timeout=0.5)
     assert await cache.get("a") is None
