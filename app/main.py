@@ -96,7 +96,7 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
             task = asyncio.create_task(_preload(app, service))
         else:  # the engine replicas preload; /health waits for their reports
             app.state.ready.set()
-            task = asyncio.create_task(asyncio.sleep(0))
+            task = asyncio.create_task(fleet.watch_cancels(service.cancel))
         try:
             yield
         finally:

@@ -42,7 +42,7 @@ def build(settings: Settings, *, engine_options: dict[str, Any] | None = None,
           ingress_options: dict[str, Any] | None = None) -> Application:
     """The application for `settings`; the options override Serve deployment options."""
     settings = absolute(settings)
-    board = serve.deployment(name=BOARD, num_replicas=1,
+    board = serve.deployment(name=BOARD, num_replicas=1, max_ongoing_requests=10_000,
                              ray_actor_options={"num_cpus": 0})(Board).bind()
     engines = serve.deployment(name=ENGINES)(Engines).options(**{
         "num_replicas": settings.ray_engine_replicas,

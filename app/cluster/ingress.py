@@ -43,13 +43,13 @@ class ClusterHeaders:
 class Ingress:
     def __init__(self, settings: Settings, engines: Any, board: Any) -> None:
         self.settings = settings
+        self.replica = serve.get_replica_context().replica_id.unique_id
         self.renderer = RayRenderer(engines, board, settings.request_timeout,
-                                    settings.ray_engine_replicas)
+                                    settings.ray_engine_replicas, self.replica)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         from app.main import create_app
 
         app = create_app(self.settings, renderer=self.renderer, fleet=self.renderer)
-        replica = serve.get_replica_context().replica_id.unique_id
-        app.add_middleware(ClusterHeaders, replica=replica)
+        app.add_middleware(ClusterHeaders, replica=self.replica)
         return app

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
@@ -29,6 +29,8 @@ from app.serving.render import RenderSession, RenderWork
 from engines.base import Audio, Overloaded, RequestTimeout, SynthesisFailed
 from engines.registry import ModelStatus
 
+CANCEL_POLL_SECONDS = 30.0
+"""How long one long poll for cancels waits on the board before asking again."""
 REPORT_WAIT_SECONDS = 5.0
 """How long a load waits for the replica's report before answering."""
 GRACE_SECONDS = 10.0
@@ -39,12 +41,16 @@ replica's own timeout, which reports a 504, comes first)."""
 class RayRenderer:
     """`Renderer` and `Fleet` of an ingress replica."""
 
-    def __init__(self, engines: Any, board: Any, timeout: float, replicas_wanted: int) -> None:
+    def __init__(self, engines: Any, board: Any, timeout: float, replicas_wanted: int,
+                 replica: str = "") -> None:
         self._engines = engines
         self._board = board
         self.timeout = timeout
         self.replicas_wanted = replicas_wanted
+        self.replica = replica
+        """This ingress replica's id."""
         self._mean_seconds = 1.0
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @asynccontextmanager
     async def session(self, work: RenderWork) -> AsyncIterator[RenderSession]:
@@ -69,6 +75,40 @@ class RayRenderer:
     async def replicas(self) -> list[ReplicaState]:
         states: list[ReplicaState] = await self._board.replicas.remote()
         return states
+
+    # -- cancelling by request id across ingress replicas ------------------------------------
+
+    def opened(self, request_id: str) -> None:
+        self._tell(self._board.opened.remote(self.replica, request_id))
+
+    def closed(self, request_id: str) -> None:
+        self._tell(self._board.closed.remote(self.replica, request_id))
+
+    def _tell(self, response: Any) -> None:
+        async def sent() -> None:
+            with contextlib.suppress(Exception):  # a lost registration only weakens a cancel
+                await response
+
+        task = asyncio.get_running_loop().create_task(sent())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def cancel(self, request_id: str) -> int:
+        count: int = await self._board.cancel.remote(request_id, self.replica)
+        return count
+
+    async def watch_cancels(self, cancel: Callable[[str], int]) -> None:
+        while True:
+            try:
+                request_ids: list[str] = await self._board.cancels.remote(
+                    self.replica, CANCEL_POLL_SECONDS)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the board is restarting: try again shortly
+                await asyncio.sleep(1)
+                continue
+            for request_id in request_ids:
+                cancel(request_id)
 
     async def load(self, model_id: str, voice: str) -> None:
         """Load a model where the cluster routes it: a one-segment render session, so its

@@ -8,7 +8,7 @@ the Studio read the same shape either way and the cluster adds which replica hol
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -67,6 +67,17 @@ class Fleet(Protocol):
 
     async def load(self, model_id: str, voice: str) -> None:
         """Load a model on the replica the cluster routes it to (rendering a word in `voice`)."""
+
+    def opened(self, request_id: str) -> None:
+        """A job carrying `request_id` runs here (so a cancel elsewhere can find it)."""
+
+    def closed(self, request_id: str) -> None: ...
+
+    async def cancel(self, request_id: str) -> int:
+        """Cancel `request_id` on the other ingress replicas; how many requests that was."""
+
+    async def watch_cancels(self, cancel: Callable[[str], int]) -> None:
+        """Run `cancel` for every request id another replica was asked to cancel; forever."""
 
 
 @dataclass(frozen=True)

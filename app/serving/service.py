@@ -198,6 +198,8 @@ class SpeechService:
         self.stats.open(job.record)
         self._jobs[job.ticket] = job
         self._by_request_id[job.plan.request_id].add(job.ticket)
+        if self.fleet is not None:
+            self.fleet.opened(job.plan.request_id)
 
     def _finished(self, job: SpeechJob) -> None:
         assert job.record is not None and job.stats is not None
@@ -209,6 +211,8 @@ class SpeechService:
                 del self._by_request_id[job.plan.request_id]
         self.stats.close(job.record, job.stats)
         self.metrics.observe_request(job.plan.model_id, job.stats)
+        if self.fleet is not None:
+            self.fleet.closed(job.plan.request_id)
 
     def cache_key(self, plan: SpeechPlan) -> str:
         request = SynthesisRequest(text="", voice=plan.voice)
@@ -223,6 +227,13 @@ class SpeechService:
         for job in jobs:
             job.cancel()
         return len(jobs)
+
+    async def cancel_everywhere(self, request_id: str) -> int:
+        """`cancel` here and, on a cluster, on every other ingress replica."""
+        cancelled = self.cancel(request_id)
+        if self.fleet is not None:
+            cancelled += await self.fleet.cancel(request_id)
+        return cancelled
 
     def running(self) -> list[SpeechJob]:
         return list(self._jobs.values())

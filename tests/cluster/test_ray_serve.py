@@ -8,6 +8,7 @@ replica to watch an eviction meet a stream.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
@@ -187,6 +188,36 @@ def test_a_cancelled_stream_stops_its_engine_on_the_replica(cluster: Deployed) -
 
     assert until(stopped)  # the replica's session ended: lease and engine call released
     assert piper_on_holder()["rendered"] - rendered < segments / 2
+
+
+def test_cancel_by_id_reaches_the_ingress_replica_running_the_request(cluster: Deployed
+                                                                      ) -> None:
+    """The cancel lands on whichever ingress replica Serve's proxy picks; the request may run on
+    the other one. Tried until the two differ (each try has even odds)."""
+    speech(cluster, "piper", unique("Warm.")).raise_for_status()
+    for attempt in range(12):
+        request_id = f"cancel-{attempt}-{random.randrange(10**9)}"
+        with cluster.client() as http, http.stream("POST", "/v1/audio/speech", json={
+            "model": "piper", "voice": "alloy", "input": unique(" ".join(SENTENCES * 4)),
+            "response_format": "pcm"}, headers={"X-Request-ID": request_id}
+        ) as response:
+            segments = int(response.headers["x-voxmux-segments"])
+            chunks = response.iter_bytes()
+            received = len(next(chunks))
+            with cluster.client() as other:
+                cancel = other.post(f"/v1/audio/requests/{request_id}/cancel")
+            if cancel.headers["x-voxmux-replica"] == response.headers["x-voxmux-replica"]:
+                continue  # the same replica: not what this test is about
+            assert cancel.status_code == 200, cancel.text
+            assert cancel.json() == {"id": request_id, "cancelled": True, "requests": 1}
+            with contextlib.suppress(httpx.HTTPError):  # a cancelled stream is cut short
+                for chunk in chunks:
+                    received += len(chunk)
+        rate = int(response.headers["x-sample-rate"])
+        full = segments * 2.5 * rate * 2  # at least 2.5 s of pcm per sentence if it ran out
+        assert received < full / 2
+        return
+    pytest.fail("every cancel reached the replica that ran the request")
 
 
 def test_overload_is_a_429_with_retry_after(cluster: Deployed) -> None:
