@@ -42,7 +42,9 @@ def build(settings: Settings, *, engine_options: dict[str, Any] | None = None,
           ingress_options: dict[str, Any] | None = None) -> Application:
     """The application for `settings`; the options override Serve deployment options."""
     settings = absolute(settings)
+    # Its long polls never finish on their own: a stopping board does not wait them out.
     board = serve.deployment(name=BOARD, num_replicas=1, max_ongoing_requests=10_000,
+                             graceful_shutdown_timeout_s=1, graceful_shutdown_wait_loop_s=0.5,
                              ray_actor_options={"num_cpus": 0})(Board).bind()
     engines = serve.deployment(name=ENGINES)(Engines).options(**{
         "num_replicas": settings.ray_engine_replicas,

@@ -29,7 +29,7 @@ from app.serving.render import RenderSession, RenderWork
 from engines.base import Audio, Overloaded, RequestTimeout, SynthesisFailed
 from engines.registry import ModelStatus
 
-CANCEL_POLL_SECONDS = 30.0
+CANCEL_POLL_SECONDS = 10.0
 """How long one long poll for cancels waits on the board before asking again."""
 REPORT_WAIT_SECONDS = 5.0
 """How long a load waits for the replica's report before answering."""
