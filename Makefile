@@ -12,8 +12,10 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
+# The suite covers the Ray Serve mode too, so the dev install carries the ray extra; `make serve`
+# stays on the light base install.
 $(BIN)/.installed-dev: $(BIN)/.installed
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,ray]'
 	touch $@
 
 serve: $(BIN)/.installed

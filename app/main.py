@@ -24,6 +24,8 @@ from app.routes import (
     ws,
 )
 from app.serving.catalogue import Catalogue
+from app.serving.fleet import Fleet
+from app.serving.render import Renderer
 from app.serving.scheduler import Lane
 from app.serving.service import SpeechService
 from app.settings import Settings
@@ -85,18 +87,25 @@ async def _preload(app: FastAPI, service: SpeechService) -> None:
         app.state.ready.set()
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, renderer: Renderer | None = None,
+               fleet: Fleet | None = None) -> FastAPI:
+    """The app; with a `renderer` (and the `fleet` behind it) its segments are rendered
+    elsewhere (`app.cluster`), and this process loads no model."""
     settings = settings or Settings()
     catalogue = Catalogue.load(settings.catalogue_path)
     runtime = runtime_options(settings)
     check_providers(runtime)  # a missing CUDA shows in /health before the first model loads
     registry = build_registry(settings, catalogue, runtime)
-    service = SpeechService(settings, registry)
+    service = SpeechService(settings, registry, renderer=renderer, fleet=fleet)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.ready = asyncio.Event()
-        task = asyncio.create_task(_preload(app, service))
+        if fleet is None:
+            task = asyncio.create_task(_preload(app, service))
+        else:  # the engine replicas preload; /health waits for their reports
+            app.state.ready.set()
+            task = asyncio.create_task(fleet.watch_cancels(service.cancel))
         try:
             yield
         finally:
@@ -104,6 +113,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await asyncio.gather(task, return_exceptions=True)
             service.close()
             await registry.close()
+            await service.cache.close()
 
     app = FastAPI(title="VoxMux", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings

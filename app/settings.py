@@ -102,6 +102,36 @@ class Settings(BaseSettings):
     """Byte budget of the audio cache (float32 samples); least recently used entries go first."""
     cache_max_item_bytes: int = Field(16 * 1024 * 1024, ge=0)
     """Responses larger than this (float32 bytes, ~170 s at 24 kHz for 16 MiB) are not cached."""
+    cache_url: str | None = None
+    """Shared cache tier, e.g. `redis://host:6379/0` (the `redis` client, `voxmux[redis]` or
+    `voxmux[ray]`): every process and replica reads and fills it, with the budgets above; empty:
+    the cache lives in this process."""
+
+    ray_address: str | None = None
+    """`voxmux serve --ray`: the Ray cluster to join (`ray://...` or `host:port`); empty starts a
+    local one. `--ray-address` sets it."""
+    ray_cpus: int | None = Field(None, ge=1)
+    """CPUs of a local Ray cluster; empty: every core."""
+    ray_object_store_bytes: int = Field(256 * 1024 * 1024, ge=78 * 1024 * 1024)
+    """Object store of a local Ray cluster (audio between replicas passes through it)."""
+    ray_ingress_replicas: int = Field(1, ge=1)
+    """Replicas of the ingress deployment (HTTP, WebSockets, Studio, planning, encoding)."""
+    ray_ingress_cpus: float = Field(0.5, ge=0)
+    """CPUs Ray reserves for each ingress replica."""
+    ray_ingress_max_ongoing: int = Field(256, ge=1)
+    """Requests (and open WebSockets) one ingress replica takes at once."""
+    ray_engine_replicas: int = Field(1, ge=1)
+    """Replicas of the engine deployment; each holds up to `ray_models_per_replica` models."""
+    ray_engine_cpus: float = Field(1, ge=0)
+    """CPUs Ray reserves for each engine replica."""
+    ray_engine_max_ongoing: int | None = Field(None, ge=1)
+    """Requests one engine replica takes at once (they share its lanes by segment-sized turns);
+    when every replica holding a model is this busy, Serve places the model on another replica
+    too. Empty: `concurrency + queue_size`, as one process admits; lower it to spread a busy
+    model over more replicas sooner."""
+    ray_models_per_replica: int = Field(2, ge=1)
+    """Models one engine replica keeps loaded; the least recently used one is evicted (once its
+    last request has ended) to make room."""
 
     request_log_size: int = Field(100, ge=1, le=100)
     """Recent requests kept for `GET /requests`."""

@@ -1,6 +1,7 @@
 """The `voxmux` command.
 
-`voxmux serve [--profile NAME] [--host H] [--port P]` starts the server;
+`voxmux serve [--profile NAME] [--host H] [--port P] [--ray | --ray-address ADDR]` starts the
+server, in this process or on Ray Serve (a local cluster, or the one at ADDR);
 `voxmux doctor [--profile NAME] [--json] [--strict]` checks the installation.
 The profile comes from `--profile`, else `VOXMUX_PROFILE`, else `cpu`.
 """
@@ -8,6 +9,7 @@ The profile comes from `--profile`, else `VOXMUX_PROFILE`, else `cpu`.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 
 import uvicorn
@@ -29,6 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_profile(serve)
     serve.add_argument("--host", help="bind address (env VOXMUX_HOST)")
     serve.add_argument("--port", type=int, help="port (env VOXMUX_PORT)")
+    cluster = serve.add_mutually_exclusive_group()
+    cluster.add_argument("--ray", action="store_true",
+                         help="serve on Ray Serve, on a local cluster (needs voxmux[ray])")
+    cluster.add_argument("--ray-address", metavar="ADDR",
+                         help="serve on Ray Serve, on the cluster at ADDR (env VOXMUX_RAY_ADDRESS)")
     check = commands.add_parser(
         "doctor", help="check Python, onnxruntime, GPU, models, voices and writable dirs"
     )
@@ -50,7 +57,7 @@ def _add_profile(command: argparse.ArgumentParser) -> None:
 def resolve_settings(args: argparse.Namespace) -> Settings:
     """Settings for parsed arguments: flags beat environment variables beat the profile file."""
     profile = args.profile or os.environ.get("VOXMUX_PROFILE") or DEFAULT_PROFILE
-    flags = {name: getattr(args, name, None) for name in ("host", "port")}
+    flags = {name: getattr(args, name, None) for name in ("host", "port", "ray_address")}
     return load_settings(profile, **{k: v for k, v in flags.items() if v is not None})
 
 
@@ -65,10 +72,21 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(doctor.run(settings, as_json=args.json, strict=args.strict))
     configure_logging(settings)
     heap.limit_arenas()  # before uvicorn and the engines start their threads
+    if args.ray or settings.ray_address:
+        _serve_on_ray(settings, parser)
+        return
     server = uvicorn.Server(server_config(create_app(settings), settings))
     server.run()
     if not server.started:  # the port is taken, or the app failed to start
         raise SystemExit(3)
+
+
+def _serve_on_ray(settings: Settings, parser: argparse.ArgumentParser) -> None:
+    if importlib.util.find_spec("ray") is None:
+        parser.error("--ray needs Ray Serve: pip install 'voxmux[ray]'")
+    from app.cluster.launch import serve_on_ray
+
+    serve_on_ray(settings)
 
 
 if __name__ == "__main__":

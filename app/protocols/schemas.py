@@ -187,6 +187,8 @@ class ModelCard(BaseModel):
     """Engine calls running now."""
     error: str | None = None
     voice_errors: dict[str, str] = {}
+    replicas: list[str] | None = None
+    """On a cluster (`voxmux serve --ray`): the engine replicas holding the model."""
 
 
 class ModelList(BaseModel):
@@ -243,6 +245,8 @@ class Health(BaseModel):
     profile: str
     models: dict[str, dict[str, Any]]
     warnings: list[str] = []
+    cluster: dict[str, Any] | None = None
+    """On a cluster: the engine replicas, which models each holds, their queues."""
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {

@@ -20,7 +20,7 @@ router = APIRouter(tags=["speech"])
 @router.post("/v1/audio/requests/{request_id}/cancel", responses=ERROR_RESPONSES,
              dependencies=[Depends(require_admin)])
 async def cancel_request(request_id: str, service: ServiceDep) -> dict[str, object]:
-    cancelled = service.cancel(request_id)
+    cancelled = await service.cancel_everywhere(request_id)
     if not cancelled:
         raise RequestNotFound(f"No running request '{request_id}'", param="request_id")
     return {"id": request_id, "cancelled": True, "requests": cancelled}

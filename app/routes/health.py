@@ -6,26 +6,36 @@ from fastapi import APIRouter, Request
 
 from app.http.deps import ServiceDep
 from app.protocols.schemas import Health, HealthStatus
+from app.serving.service import cluster_report
 
 router = APIRouter(tags=["health"])
 
 
 @router.get("/health", response_model=Health)
 async def health(request: Request, service: ServiceDep) -> Health:
-    states = service.registry.status()
+    replicas = await service.replicas()
+    views = await service.model_views(replicas)
     models = {
-        model_id: {"status": s.status, "refcount": s.refcount, "error": s.error}
-        for model_id, s in states.items()
+        model_id: {"status": v.status, "refcount": v.refcount, "error": v.error}
+        for model_id, v in views.items()
     }
     warnings = list(request.app.state.runtime.fallbacks)
+    ready = request.app.state.ready.is_set()
+    cluster = None
+    if replicas is not None:
+        cluster = cluster_report(replicas, service.fleet)
+        wanted = service.fleet.replicas_wanted if service.fleet is not None else 0
+        ready = ready and bool(replicas) and not any(r.preloading for r in replicas)
+        if ready and len(replicas) < wanted:
+            warnings.append(f"{len(replicas)} of {wanted} engine replicas are reporting")
     status: HealthStatus
-    if not request.app.state.ready.is_set():
+    if not ready:
         status = "loading"
-    elif warnings or any(s.status == "error" for s in states.values()):
+    elif warnings or any(v.status == "error" for v in views.values()):
         status = "degraded"
-    elif any(s.status == "ready" for s in states.values()):
+    elif any(v.status == "ready" for v in views.values()):
         status = "ok"
     else:
         status = "idle"
     return Health(status=status, profile=service.settings.profile, models=models,
-                  warnings=warnings)
+                  warnings=warnings, cluster=cluster)

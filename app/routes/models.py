@@ -18,8 +18,10 @@ from app.protocols.schemas import (
     VoiceList,
 )
 from app.serving.catalogue import CREATED
+from app.serving.fleet import ModelView
 from app.serving.rescan import rescan_models
 from app.serving.scheduler import Lane
+from app.serving.service import SpeechService
 from engines.frontend.detect import language_matches
 from engines.registry import ModelHandle
 
@@ -28,31 +30,37 @@ ADMIN = [Depends(require_admin)]
 """Dependencies of the routes that change what is loaded (guarded under either auth scope)."""
 
 
-def _card(handle: ModelHandle[Lane]) -> ModelCard:
+def _card(handle: ModelHandle[Lane], view: ModelView) -> ModelCard:
     entry = handle.entry
     return ModelCard(
         id=entry.id,
         created=CREATED,
         engine=entry.engine,
-        status=handle.status,
+        status=view.status,
         aliases=list(entry.aliases),
         description=entry.description,
         default_voice=entry.default_voice,
-        current=handle.current,
-        running=handle.lane.in_flight,
-        error=handle.error,
+        current=view.current,
+        running=view.in_flight,
+        error=view.error,
         voice_errors=dict(getattr(handle.engine, "voice_errors", {})),
+        replicas=list(view.replicas) if view.replicas is not None else None,
     )
+
+
+async def _card_now(service: SpeechService, handle: ModelHandle[Lane]) -> ModelCard:
+    return _card(handle, (await service.model_views())[handle.id])
 
 
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(service: ServiceDep) -> ModelList:
-    return ModelList(data=[_card(handle) for handle in service.models()])
+    views = await service.model_views()
+    return ModelList(data=[_card(handle, views[handle.id]) for handle in service.models()])
 
 
 @router.get("/v1/models/{model_id}", response_model=ModelCard, responses=ERROR_RESPONSES)
 async def get_model(model_id: str, service: ServiceDep) -> ModelCard:
-    return _card(service.registry.resolve(model_id))
+    return await _card_now(service, service.registry.resolve(model_id))
 
 
 @router.get("/v1/audio/voices", response_model=VoiceList, responses=ERROR_RESPONSES)
@@ -76,6 +84,7 @@ async def list_voices(
 @router.post("/v1/models/rescan", response_model=RescanResponse, responses=ERROR_RESPONSES,
              dependencies=ADMIN)
 async def rescan(service: ServiceDep) -> RescanResponse:
+    service.local_only("rescanned")
     return RescanResponse(data=[
         ModelRescanCard(model=r.model, added=list(r.changes.added),
                         removed=list(r.changes.removed), changed=list(r.changes.changed),
@@ -88,7 +97,7 @@ async def rescan(service: ServiceDep) -> RescanResponse:
              dependencies=ADMIN)
 async def switch_model(body: SwitchRequest, service: ServiceDep) -> SwitchResponse:
     handle = service.registry.resolve(body.model)
-    result = await service.registry.switch(handle.id, unload_previous=body.unload_previous)
+    result = await service.switch_model(handle.id, unload_previous=body.unload_previous)
     return SwitchResponse(
         model=handle.id,
         previous=result.previous,
@@ -102,13 +111,13 @@ async def switch_model(body: SwitchRequest, service: ServiceDep) -> SwitchRespon
              dependencies=ADMIN)
 async def load_model(model_id: str, service: ServiceDep) -> ModelCard:
     handle = service.registry.resolve(model_id)
-    await service.registry.load(handle.id)
-    return _card(handle)
+    await service.load_model(handle.id)
+    return await _card_now(service, handle)
 
 
 @router.post("/v1/models/{model_id}/unload", response_model=ModelCard,
              responses=ERROR_RESPONSES, dependencies=ADMIN)
 async def unload_model(model_id: str, service: ServiceDep) -> ModelCard:
     handle = service.registry.resolve(model_id)
-    await service.registry.unload(handle.id)
-    return _card(handle)
+    await service.unload_model(handle.id)
+    return await _card_now(service, handle)

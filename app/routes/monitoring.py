@@ -15,7 +15,7 @@ router = APIRouter(tags=["monitoring"])
 
 @router.get("/stats", dependencies=[Depends(require_admin)], responses=ERROR_RESPONSES)
 async def stats(service: ServiceDep) -> dict[str, object]:
-    return service.report()
+    return await service.report()
 
 
 @router.get("/requests", dependencies=[Depends(require_admin)], responses=ERROR_RESPONSES)
@@ -25,4 +25,4 @@ async def requests(service: ServiceDep) -> dict[str, object]:
 
 @router.get("/metrics", dependencies=[Depends(require_synthesis)], response_class=Response)
 async def metrics(service: ServiceDep) -> Response:
-    return Response(service.metrics.render(), media_type=CONTENT_TYPE)
+    return Response(await service.metrics_text(), media_type=CONTENT_TYPE)

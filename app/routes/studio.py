@@ -31,6 +31,7 @@ from app.studio.view import (
     all_voices,
     languages,
     model_rows,
+    open_clip_store,
     parse_keys,
     synthesize,
     voice_view,
@@ -87,8 +88,8 @@ PagesDep = Annotated[Pages, Depends(_pages)]
 ClipsDep = Annotated[ClipStore, Depends(_clips)]
 
 
-def _context(request: Request, service: SpeechService, blocks: tuple[str, ...],
-             **extra: Any) -> dict[str, Any]:
+async def _context(request: Request, service: SpeechService, blocks: tuple[str, ...],
+                   **extra: Any) -> dict[str, Any]:
     access = _access(request)
     ctx: dict[str, Any] = {
         "access": access,
@@ -100,7 +101,7 @@ def _context(request: Request, service: SpeechService, blocks: tuple[str, ...],
         "default_voices": {h.id: h.entry.default_voice for h in service.models()},
     }
     if access.listing and "models" in blocks:
-        ctx["models"] = model_rows(service)
+        ctx["models"] = model_rows(service, await service.model_views())
     if access.listing and "voices" in blocks:
         query = request.query_params
         filters = Filters(
@@ -112,7 +113,7 @@ def _context(request: Request, service: SpeechService, blocks: tuple[str, ...],
         ctx["voices"] = voice_view(service, filters, parse_keys(query.get("fav", "")),
                                    parse_keys(query.get("recent", "")))
     if access.admin and "stats" in blocks:
-        ctx["stats"] = service.report()
+        ctx["stats"] = await service.report()
     if access.admin and "requests" in blocks:
         ctx["requests"] = service.stats.requests(service.queue_position)[:RECENT_REQUESTS]
     ctx.update(extra)
@@ -125,7 +126,7 @@ def _block(pages: Pages, block: str, ctx: dict[str, Any], status: int = 200) -> 
 
 @router.get("/", response_class=HTMLResponse)
 async def studio_page(request: Request, service: ServiceDep, pages: PagesDep) -> HTMLResponse:
-    ctx = _context(request, service, (*FRAGMENTS, "result"))
+    ctx = await _context(request, service, (*FRAGMENTS, "result"))
     return HTMLResponse(pages.page(PAGE, ctx))
 
 
@@ -134,7 +135,7 @@ async def fragment(block: str, request: Request, service: ServiceDep,
                    pages: PagesDep) -> HTMLResponse:
     if block not in FRAGMENTS:
         return HTMLResponse(f"No Studio fragment named {block!r}", status_code=404)
-    return _block(pages, block, _context(request, service, (block,)))
+    return _block(pages, block, await _context(request, service, (block,)))
 
 
 @router.post("/studio/models/{model_id}/{action}", response_class=HTMLResponse,
@@ -143,23 +144,23 @@ async def model_action(model_id: str, action: Literal["load", "unload", "switch"
                        request: Request, service: ServiceDep, pages: PagesDep) -> HTMLResponse:
     if not _access(request).admin:
         hint = "Sign in with an API key to load, unload or switch models."
-        return _block(pages, "models", _context(request, service, ("models",), notice=hint,
-                                                notice_error=True), 401)
+        ctx = await _context(request, service, ("models",), notice=hint, notice_error=True)
+        return _block(pages, "models", ctx, 401)
     status = 200
     notice: str | None = None
     try:
         handle = service.registry.resolve(model_id)
         if action == "load":
-            await service.registry.load(handle.id)
+            await service.load_model(handle.id)
         elif action == "unload":
-            await service.registry.unload(handle.id)
+            await service.unload_model(handle.id)
         else:
-            result = await service.registry.switch(handle.id, unload_previous=True)
+            result = await service.switch_model(handle.id, unload_previous=True)
             if result.previous_busy:
                 notice = f"Switched to {handle.id}; {result.previous} is busy and stays loaded."
     except VoxMuxError as exc:
         status, notice = kind_of(exc).status, exc.message
-    ctx = _context(request, service, ("models",), notice=notice, notice_error=status >= 400)
+    ctx = await _context(request, service, ("models",), notice=notice, notice_error=status >= 400)
     return _block(pages, "models", ctx, status)
 
 
@@ -177,17 +178,17 @@ async def generate(
     format: Annotated[str, Form()] = "mp3",
 ) -> HTMLResponse:
     if not _access(request).synthesis:
-        ctx = _context(request, service, ("result",),
-                       error="Sign in with an API key to synthesize speech.", auth_hint=True)
+        ctx = await _context(request, service, ("result",),
+                             error="Sign in with an API key to synthesize speech.", auth_hint=True)
         return _block(pages, "result", ctx, 401)
     try:
         clip = await synthesize(service, model=model, text=text, voice=voice.strip(),
                                 speed=speed, fmt=format, request_id=request_id, request=request)
     except VoxMuxError as exc:
-        return _block(pages, "result", _context(request, service, ("result",), error=exc.message),
-                      kind_of(exc).status)
-    stored = clips.put(clip)
-    ctx = _context(request, service, ("result",), clip=clip, stored=stored)
+        ctx = await _context(request, service, ("result",), error=exc.message)
+        return _block(pages, "result", ctx, kind_of(exc).status)
+    stored = await clips.put(clip)
+    ctx = await _context(request, service, ("result",), clip=clip, stored=stored)
     return _block(pages, "result", ctx)
 
 
@@ -196,7 +197,7 @@ _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 
 @router.get("/studio/audio/{clip_id}")
 async def clip_audio(clip_id: str, request: Request, clips: ClipsDep) -> Response:
-    clip = clips.get(clip_id)
+    clip = await clips.get(clip_id)
     if clip is None or not _access(request).synthesis:
         return Response("This clip is gone; generate it again.", status_code=404,
                         media_type="text/plain")
@@ -235,6 +236,6 @@ def install(app: FastAPI) -> None:
     pages.env.filters["clock"] = _clock
     pages.env.filters["slug"] = _slug
     app.state.studio_pages = pages
-    app.state.studio_clips = ClipStore()
+    app.state.studio_clips = open_clip_store(app.state.settings.cache_url)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.include_router(router)

@@ -1,10 +1,17 @@
-"""LRU cache of synthesized audio, bounded by an item count and a byte budget.
+"""The audio cache: synthesized audio by canonical request, bounded by an item count and a byte
+budget, least recently used first out.
 
 An entry holds the float32 chunks a request produced (after trimming, stretching and pauses), not
 encoded bytes: one entry serves every response format and every route, and because encoders are
 deterministic a hit yields the same bytes a miss did. The key is a hash of the canonical request:
 model, resolved voice, speed, language, engine parameters and the whitespace-normalized text of
 each segment (segmentation is kept, since a paragraph break changes the pauses).
+
+`AudioCache` is the interface a job uses, asynchronous so that a shared tier can sit behind it:
+`MemoryCache` (the default, in this process; its coroutines never wait, so a lookup costs no more
+than a dictionary read) and `RedisCache` (`app.serving.redis_cache`, `VOXMUX_CACHE_URL`), which
+every process and replica of a deployment shares. A cache never fails a request: a tier that
+cannot be reached counts as a miss.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from cachetools import LRUCache
@@ -101,12 +108,49 @@ def cache_key(*, model_id: str, voice: str, speed: float, language: str | None,
     return f"{model_id}:{hashlib.sha256(blob.encode()).hexdigest()}"
 
 
+@dataclass(frozen=True)
+class CacheSnapshot:
+    items: int
+    bytes: int
+    hits: int
+    misses: int
+    skipped: int
+    """Entries refused for being over `max_item_bytes`."""
+    max_items: int
+    max_bytes: int
+    errors: int = 0
+    """Lookups and stores that failed (a shared tier out of reach); each counted as a miss."""
+
+
+class AudioCache(Protocol):
+    max_item_bytes: int
+
+    @property
+    def enabled(self) -> bool: ...
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether an entry of `nbytes` would be kept (a job stops collecting beyond it)."""
+
+    async def get(self, key: str, *, timed: bool = False) -> CachedAudio | None:
+        """The entry for `key`; with `timed`, only one that kept its word timings (another is
+        a miss: the request is synthesized again, with timings, and stored in its place)."""
+
+    async def put(self, key: str, entry: CachedAudio) -> bool: ...
+
+    async def clear_model(self, model_id: str) -> int:
+        """Drop every entry of one model (its voices or weights changed); returns how many."""
+
+    async def snapshot(self) -> CacheSnapshot: ...
+
+    async def close(self) -> None: ...
+
+
 def _size(entry: CachedAudio) -> int:
     return entry.nbytes
 
 
-class AudioCache:
-    """Not thread-safe: used from the event loop only."""
+class MemoryCache:
+    """The in-process tier (cachetools). Not thread-safe: used from the event loop only."""
 
     def __init__(self, max_items: int, max_bytes: int, max_item_bytes: int) -> None:
         self.max_items = max_items
@@ -130,8 +174,7 @@ class AudioCache:
     def bytes(self) -> int:
         return int(self._lru.currsize)
 
-    def get(self, key: str, *, timed: bool = False) -> CachedAudio | None:
-        """The entry for `key`; with `timed`, only one that kept its word timings."""
+    async def get(self, key: str, *, timed: bool = False) -> CachedAudio | None:
         if not self.enabled:
             return None
         entry = self._lru.get(key)
@@ -146,7 +189,7 @@ class AudioCache:
     def fits(self, nbytes: int) -> bool:
         return self.enabled and nbytes <= self.max_item_bytes
 
-    def put(self, key: str, entry: CachedAudio) -> bool:
+    async def put(self, key: str, entry: CachedAudio) -> bool:
         if not self.fits(entry.nbytes):
             self.skipped += 1
             return False
@@ -155,8 +198,7 @@ class AudioCache:
             self._lru.popitem()
         return True
 
-    def clear_model(self, model_id: str) -> int:
-        """Drop every entry of one model (its voices or weights changed); returns how many."""
+    async def clear_model(self, model_id: str) -> int:
         # Keys start with the model id, so the recency of the other entries stays untouched.
         stale = [key for key in list(self._lru) if key.rpartition(":")[0] == model_id]
         for key in stale:
@@ -166,13 +208,19 @@ class AudioCache:
     def clear(self) -> None:
         self._lru.clear()
 
-    def snapshot(self) -> dict[str, int]:
-        return {
-            "items": self.items,
-            "bytes": self.bytes,
-            "hits": self.hits,
-            "misses": self.misses,
-            "skipped": self.skipped,
-            "max_items": self.max_items,
-            "max_bytes": self.max_bytes,
-        }
+    async def snapshot(self) -> CacheSnapshot:
+        return CacheSnapshot(self.items, self.bytes, self.hits, self.misses, self.skipped,
+                             self.max_items, self.max_bytes)
+
+    async def close(self) -> None:
+        return None
+
+
+def open_cache(url: str | None, max_items: int, max_bytes: int, max_item_bytes: int
+               ) -> AudioCache:
+    """The tier `url` names (`redis://...`), or the in-process one when it is empty."""
+    if not url:
+        return MemoryCache(max_items, max_bytes, max_item_bytes)
+    from app.serving.redis_cache import RedisCache  # the optional redis client, only when asked
+
+    return RedisCache(url, max_items, max_bytes, max_item_bytes)

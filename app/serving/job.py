@@ -9,13 +9,14 @@ segment followed by its `SegmentEnd`, then the end of the iteration or the job's
 The work runs in a producer task, so a slow reader never holds an engine (audio waits in memory)
 and a cancel reaches the engine at once: the cancel token stops the running call at its next
 step (inside an ONNX inference through `RunOptions.terminate`). A request found in the audio
-cache is replayed without a request place, a lease or an engine.
+cache is replayed without a request place, a lease or an engine. The segments themselves come
+from a render session (`app.serving.render`): in this process, or on an engine replica of a
+cluster; everything else a job does is the same either way.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -26,6 +27,7 @@ import numpy as np
 from app.audio import dsp
 from app.serving.cache import AudioCache, CachedAudio
 from app.serving.memory import MemoryTracker
+from app.serving.render import Progress, Rendered, Renderer, RenderSession, RenderWork
 from app.serving.scheduler import Lane
 from app.serving.tracking import CacheUse, Outcome, RequestRecord, RequestStats, RequestStatus
 from app.text.feed import TextFeed
@@ -37,12 +39,10 @@ from engines.base import (
     Overloaded,
     RequestTimeout,
     SynthesisFailed,
-    SynthesisRequest,
-    TimedEngine,
     VoxMuxError,
     WordTiming,
 )
-from engines.registry import EngineRegistry, ModelHandle, ModelStatus
+from engines.registry import ModelHandle
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class JobContext:
     """What a job uses of the service: `started` is told when the job starts, `finished` once
     it has stopped (both only for jobs with a record)."""
 
-    registry: EngineRegistry[Lane]
+    renderer: Renderer
     cache: AudioCache
     cache_key: Callable[[SpeechPlan], str]
     timeout: float
@@ -182,14 +182,12 @@ class SpeechJob:
         await self.close()
 
     def start(self) -> None:
-        """Look the request up in the cache and start working; once only."""
+        """Start working (the cache lookup is the job's first step); once only."""
         if self._task is not None:
             return
-        plan, cache = self.plan, self._context.cache
-        if cache.enabled and not plan.internal and not plan.streamed:
+        plan = self.plan
+        if self._context.cache.enabled and not plan.internal and not plan.streamed:
             self._cache_key = self._context.cache_key(plan)
-            self._cached = cache.get(self._cache_key, timed=plan.timestamps)
-            self.cache_use = "hit" if self._cached is not None else "miss"
         if self.record is not None:
             self._context.started(self)
         self._memory = MemoryTracker()
@@ -259,6 +257,10 @@ class SpeechJob:
 
     async def _produce(self) -> None:
         try:
+            if self._cache_key is not None:
+                self._cached = await self._context.cache.get(self._cache_key,
+                                                             timed=self.plan.timestamps)
+                self.cache_use = "hit" if self._cached is not None else "miss"
             if self._cached is not None:
                 self._replay(self._cached)
             else:
@@ -333,41 +335,58 @@ class SpeechJob:
             text = self.plan.segments[index] if index < len(self.plan.segments) else ""
             self._segment_done(index, text, samples)
 
+    def _work(self) -> RenderWork:
+        plan = self.plan
+        return RenderWork(
+            ticket=self.ticket, model_id=plan.model_id, voice=plan.voice,
+            native_speed=plan.native_speed, stretch=plan.stretch, language=plan.language,
+            segments=None if plan.streamed else tuple(plan.segments), cancel=self._cancel,
+            timings=plan.timestamps, progress=self._progress, abandon=self._report,
+            rendered=self._sample_memory,
+        )
+
+    def _sample_memory(self) -> None:
+        """After each segment, in the engine thread: never on the event loop."""
+        if self._memory is not None:
+            self._memory.update()
+
+    def _progress(self, progress: Progress) -> None:
+        if progress == "running" and self._first_audio is not None:
+            self._status("streaming")
+        else:
+            self._status(progress)
+
     async def _synthesize(self) -> None:
         plan = self.plan
-        lane = plan.handle.lane
         pause = dsp.pause(self.sample_rate, self._context.pause_ms)
         keep: list[tuple[Audio, ...]] | None = [] if self._cache_key is not None else None
         kept_words: list[Words] = []
         size = 0
-        async with lane.admitted(self.ticket):
-            ready = plan.handle.status is ModelStatus.READY
-            self._status("queued" if ready else "loading")
-            async with self._context.registry.lease(plan.model_id) as engine:
-                index = 0
-                while (text := await self._next_segment(index)) is not None:
-                    chunks, words = await self._segment(lane, engine, text)
-                    if index and chunks:
-                        chunks[0] = np.concatenate([pause, chunks[0]])
-                        words = tuple(w.moved(shift=len(pause) / self.sample_rate)
-                                      for w in words)
-                    if plan.timestamps:
-                        words = tuple(w.moved(shift=self._samples / self.sample_rate)
-                                      for w in words)
-                        kept_words.append(words)
-                        self._emit(SegmentWords(index, text, self._placed(index, words)))
-                    for chunk in chunks:
-                        self._audio_out(chunk)
-                    self._segment_done(index, text, sum(len(c) for c in chunks))
-                    if keep is not None:  # dropped once too big: no second copy held
-                        size += sum(c.nbytes for c in chunks)
-                        keep = keep if self._context.cache.fits(size) else None
-                        if keep is not None:
-                            keep.append(tuple(chunks))
-                    index += 1
+        assert self._memory is not None
+        async with self._context.renderer.session(self._work()) as session:
+            index = 0
+            while (text := await self._next_segment(index)) is not None:
+                rendered = await self._segment(session, text)
+                chunks, words = rendered.chunks, rendered.words
+                if index and chunks:
+                    chunks[0] = np.concatenate([pause, chunks[0]])
+                    words = tuple(w.moved(shift=len(pause) / self.sample_rate) for w in words)
+                if plan.timestamps:
+                    words = tuple(w.moved(shift=self._samples / self.sample_rate) for w in words)
+                    kept_words.append(words)
+                    self._emit(SegmentWords(index, text, self._placed(index, words)))
+                for chunk in chunks:
+                    self._audio_out(chunk)
+                self._segment_done(index, text, sum(len(c) for c in chunks))
+                if keep is not None:  # dropped once too big: no second copy held
+                    size += sum(c.nbytes for c in chunks)
+                    keep = keep if self._context.cache.fits(size) else None
+                    if keep is not None:
+                        keep.append(tuple(chunks))
+                index += 1
         if keep is not None and self._cache_key is not None:
             timed = (kept_words, plan.segments) if plan.timestamps else None
-            self._context.cache.put(self._cache_key, CachedAudio.build(
+            await self._context.cache.put(self._cache_key, CachedAudio.build(
                 plan.model_id, self.sample_rate, keep, timed))
 
     def _placed(self, index: int, words: Words) -> Words:
@@ -377,80 +396,18 @@ class SpeechJob:
             return words
         return tuple(w.moved(chars=offsets[index]) for w in words)
 
-
-
     async def _next_segment(self, index: int) -> str | None:
         text = self.plan.text
         if isinstance(text, TextFeed):
             return await text.next()
         return self.plan.segments[index] if index < len(self.plan.segments) else None
 
-    async def _segment(self, lane: Lane, engine: Engine, text: str
-                       ) -> tuple[list[Audio], Words]:
-        """One segment: wait for a turn, then render it; the request timeout bounds both."""
-        timeout = self._context.timeout
-        deadline = asyncio.get_running_loop().time() + timeout
-        async with lane.turn(self.ticket, timeout) as turn:
-            self._status("running" if self._first_audio is None else "streaming")
-            remaining = max(0.001, deadline - asyncio.get_running_loop().time())
-            render = functools.partial(self._render, engine, text)
-            started = time.perf_counter()
-            try:
-                return await turn.call(render, self._cancel, remaining, abandon=self._report)
-            finally:
-                self._synthesis_s += time.perf_counter() - started
-
-    def _render(self, engine: Engine, text: str) -> tuple[list[Audio], Words]:
-        """Synthesize and finish one segment; runs in an engine thread, off the event loop.
-        Its words are timed from the segment's first sample, spans in `text`."""
-        plan = self.plan
-        request = SynthesisRequest(text=text, voice=plan.voice, speed=plan.native_speed,
-                                   language=plan.language, cancel=self._cancel,
-                                   timings=plan.timestamps)
-        chunks: list[Audio] = []
-        words: list[WordTiming] = []
-        samples = 0
+    async def _segment(self, session: RenderSession, text: str) -> Rendered:
+        started = time.perf_counter()
         try:
-            if plan.timestamps and isinstance(engine, TimedEngine):
-                timed = ((c.audio, c.words) for c in engine.stream_timed(request))
-            else:
-                timed = ((c, ()) for c in engine.stream(request))
-            for chunk, chunk_words in timed:
-                self._cancel.check()
-                if len(chunk):
-                    audio, placed = self._finish_chunk(np.asarray(chunk, dtype=np.float32),
-                                                       chunk_words)
-                    shift = samples / self.sample_rate
-                    words += (w.moved(shift=shift) for w in placed)
-                    samples += len(audio)
-                    chunks.append(audio)
-        except VoxMuxError:
-            raise
-        except Exception as exc:
-            if self._cancel.cancelled:  # the engine stopped because we told it to
-                raise Cancelled("The request was cancelled") from exc
-            log.exception("engine %s failed on a segment", plan.model_id)
-            raise SynthesisFailed(f"The {plan.model_id} engine failed: {exc}") from exc
-        assert self._memory is not None
-        self._memory.update()
-        return chunks, tuple(words)
-
-    def _finish_chunk(self, chunk: Audio, words: Words) -> tuple[Audio, Words]:
-        """Trim, stretch, limit and fade one chunk; its words follow the trim and the stretch."""
-        rate = self.sample_rate
-        start, end = dsp.voiced_span(chunk, rate)
-        audio = chunk[start:end]
-        if abs(self.plan.stretch - 1.0) > 1e-3:
-            stretched = dsp.time_stretch(audio, self.plan.stretch, rate)
-            scale = len(stretched) / len(audio) if len(audio) else 1.0
-            audio = stretched
-        else:
-            scale = 1.0
-        if words:
-            limit = len(audio) / rate
-            words = tuple(w.moved(scale=scale, shift=-start / rate * scale, high=limit)
-                          for w in words)
-        return dsp.fade_edges(dsp.peak_limit(audio), rate), words
+            return await session.render(text)
+        finally:
+            self._synthesis_s += time.perf_counter() - started
 
 
 def _outcome(exc: BaseException) -> tuple[Outcome, VoxMuxError]:

@@ -1,7 +1,8 @@
 """Prometheus metrics on a registry of the app's own, never prometheus-client's global one.
 
 Events (requests, loads) are counted as they happen; levels (queue depth, active requests, cache
-size, loaded models) are read from the live objects at scrape time.
+size, loaded models) are read at scrape time, from this process or, on a cluster, from the engine
+replicas' reports (with a `replica` label where one replica's own figure is meant).
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from app.serving.cache import AudioCache
-from app.serving.scheduler import Lane
+from app.serving.cache import CacheSnapshot
+from app.serving.fleet import ModelView, ReplicaState
 from app.serving.tracking import RequestStats
-from engines.registry import EngineRegistry, ModelStatus
+from engines.registry import ModelStatus
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -30,12 +31,14 @@ _RTF = (0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1, 1.5, 2, 5)
 
 
 class _Levels(Collector):
-    def __init__(self, registry: EngineRegistry[Lane], cache: AudioCache) -> None:
-        self._registry = registry
-        self._cache = cache
+    """Levels as of the scrape being rendered (set just before, read synchronously)."""
+
+    def __init__(self) -> None:
+        self.views: dict[str, ModelView] = {}
+        self.cache: CacheSnapshot | None = None
+        self.replicas: list[ReplicaState] | None = None
 
     def collect(self) -> Iterator[Metric]:
-        handles = self._registry.handles()
         queue = GaugeMetricFamily(
             "voxmux_queue_depth", "Admitted requests waiting for their first turn",
             labels=["model"],
@@ -49,32 +52,59 @@ class _Levels(Collector):
         )
         loaded = GaugeMetricFamily("voxmux_model_loaded", "1 when the model is ready",
                                    labels=["model"])
-        for handle in handles:
-            lane = handle.lane.state()
-            queue.add_metric([handle.id], lane.queued)
-            active.add_metric([handle.id], lane.running)
-            calls.add_metric([handle.id], lane.in_flight)
-            loaded.add_metric([handle.id], int(handle.status is ModelStatus.READY))
+        for model_id, view in self.views.items():
+            queue.add_metric([model_id], view.queued)
+            active.add_metric([model_id], view.running)
+            calls.add_metric([model_id], view.in_flight)
+            loaded.add_metric([model_id], int(view.status is ModelStatus.READY))
         yield queue
         yield active
         yield calls
         yield loaded
         yield GaugeMetricFamily(
             "voxmux_models_loaded", "Models ready to synthesize",
-            value=sum(h.status is ModelStatus.READY for h in handles),
+            value=sum(v.status is ModelStatus.READY for v in self.views.values()),
         )
-        yield CounterMetricFamily("voxmux_cache_hits", "Requests served from the audio cache",
-                                  value=self._cache.hits)
-        yield CounterMetricFamily("voxmux_cache_misses", "Cache lookups that found nothing",
-                                  value=self._cache.misses)
-        yield GaugeMetricFamily("voxmux_cache_items", "Entries in the audio cache",
-                                value=self._cache.items)
-        yield GaugeMetricFamily("voxmux_cache_bytes", "Audio bytes held by the cache",
-                                value=self._cache.bytes)
+        if self.cache is not None:
+            yield CounterMetricFamily("voxmux_cache_hits", "Requests served from the audio cache",
+                                      value=self.cache.hits)
+            yield CounterMetricFamily("voxmux_cache_misses", "Cache lookups that found nothing",
+                                      value=self.cache.misses)
+            yield GaugeMetricFamily("voxmux_cache_items", "Entries in the audio cache",
+                                    value=self.cache.items)
+            yield GaugeMetricFamily("voxmux_cache_bytes", "Audio bytes held by the cache",
+                                    value=self.cache.bytes)
+        if self.replicas is not None:
+            yield from _replica_levels(self.replicas)
+
+
+def _replica_levels(replicas: list[ReplicaState]) -> Iterator[Metric]:
+    yield GaugeMetricFamily("voxmux_replicas", "Engine replicas reporting", value=len(replicas))
+    holds = GaugeMetricFamily(
+        "voxmux_replica_model_loaded", "1 when the replica holds the model ready",
+        labels=["replica", "node", "model"],
+    )
+    queue = GaugeMetricFamily(
+        "voxmux_replica_queue_depth", "Requests waiting for their first turn on the replica",
+        labels=["replica", "model"],
+    )
+    calls = GaugeMetricFamily(
+        "voxmux_replica_engine_calls_in_flight", "Engine calls running on the replica",
+        labels=["replica", "model"],
+    )
+    for replica in replicas:
+        for model_id, state in replica.models.items():
+            ready = int(state.status is ModelStatus.READY)
+            holds.add_metric([replica.id, replica.node, model_id], ready)
+            queue.add_metric([replica.id, model_id], state.queued)
+            calls.add_metric([replica.id, model_id], state.in_flight)
+    yield holds
+    yield queue
+    yield calls
 
 
 class Metrics:
-    def __init__(self, registry: EngineRegistry[Lane], cache: AudioCache) -> None:
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "voxmux_requests", "Finished synthesis requests by model and outcome",
@@ -96,7 +126,8 @@ class Metrics:
             "voxmux_engine_load_seconds", "Engine load time", ["model"], buckets=_SECONDS,
             registry=self.registry,
         )
-        self.registry.register(_Levels(registry, cache))
+        self._levels = _Levels()
+        self.registry.register(self._levels)
 
     def observe_request(self, model: str, stats: RequestStats) -> None:
         self.requests.labels(model, stats.outcome).inc()
@@ -108,5 +139,8 @@ class Metrics:
         if stats.rtf is not None:
             self.rtf.labels(model).observe(stats.rtf)
 
-    def render(self) -> bytes:
+    def render(self, views: dict[str, ModelView], cache: CacheSnapshot | None = None,
+               replicas: list[ReplicaState] | None = None) -> bytes:
+        # No await between setting the levels and rendering them: scrapes cannot interleave.
+        self._levels.views, self._levels.cache, self._levels.replicas = views, cache, replicas
         return generate_latest(self.registry)

@@ -31,7 +31,7 @@ async def rescan_models(service: SpeechService) -> list[ModelRescan]:
             results.append(ModelRescan(model_id, VoiceChanges()))
             continue
         changes = await asyncio.to_thread(engine.rescan)
-        cleared = service.invalidate_model(model_id) if changes else 0
+        cleared = await service.invalidate_model(model_id) if changes else 0
         if changes:
             log.info("rescan %s: added %s, removed %s, changed %s", model_id,
                      list(changes.added), list(changes.removed), list(changes.changed))

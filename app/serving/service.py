@@ -5,6 +5,9 @@ and cuts the text into segments. `speak(plan)` returns the job, to be used as `a
 job owns its request place, lease and engine turn until its engine work has stopped (see
 `app.serving.job`). The service keeps the jobs running now, by internal ticket and by the
 client's request id, so a cancel by id reaches every request that carries it.
+
+Where the engines run is the service's `renderer` (this process by default) and, on a cluster,
+its `fleet` (the engine replicas' reports); `model_views()` reads either.
 """
 
 from __future__ import annotations
@@ -12,18 +15,21 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import defaultdict
+from dataclasses import asdict
 
-from app.serving.cache import AudioCache, cache_key
+from app.serving.cache import AudioCache, cache_key, open_cache
+from app.serving.fleet import Fleet, ModelView, ReplicaState, fleet_views, local_views
 from app.serving.job import JobContext, SpeechJob, SpeechPlan
 from app.serving.memory import process_memory
 from app.serving.metrics import Metrics
+from app.serving.render import LocalRenderer, Renderer
 from app.serving.scheduler import Lane
 from app.serving.tracking import RequestRecord, ServingStats
 from app.settings import Settings
 from app.text.feed import TextFeed
 from app.text.split import split_text
 from engines.base import InvalidParameter, SynthesisRequest, TimedEngine
-from engines.registry import EngineRegistry, ModelHandle, ModelStatus
+from engines.registry import EngineRegistry, ModelHandle, ModelStatus, SwitchResult
 
 log = logging.getLogger(__name__)
 
@@ -50,25 +56,70 @@ def split_speed(speed: float, native: tuple[float, float]) -> tuple[float, float
 
 class SpeechService:
     def __init__(self, settings: Settings, registry: EngineRegistry[Lane], *,
-                 cache: AudioCache | None = None, stats: ServingStats | None = None) -> None:
+                 cache: AudioCache | None = None, stats: ServingStats | None = None,
+                 renderer: Renderer | None = None, fleet: Fleet | None = None) -> None:
         self.settings = settings
         self.registry = registry
-        self.cache = cache or AudioCache(
-            settings.cache_max_items, settings.cache_max_bytes, settings.cache_max_item_bytes
+        """Every model's handle: catalogue entry and engine adapter (planning, voices); on a
+        cluster the engines are loaded on the replicas, never here."""
+        self.cache = cache or open_cache(
+            settings.cache_url, settings.cache_max_items, settings.cache_max_bytes,
+            settings.cache_max_item_bytes,
         )
+        self.renderer = renderer or LocalRenderer(registry, settings.request_timeout)
+        self.fleet = fleet
         self.stats = stats or ServingStats(settings.request_log_size, settings.stats_window)
-        self.metrics = Metrics(registry, self.cache)
+        self.metrics = Metrics()
         registry.on_change.append(self._observe_load)
         self._jobs: dict[str, SpeechJob] = {}
         """Running jobs by ticket."""
         self._by_request_id: dict[str, set[str]] = defaultdict(set)
-        self._context = JobContext(registry, self.cache, self.cache_key, settings.request_timeout,
-                                   settings.sentence_pause_ms, self._started, self._finished)
+        self._context = JobContext(self.renderer, self.cache, self.cache_key,
+                                   settings.request_timeout, settings.sentence_pause_ms,
+                                   self._started, self._finished)
 
     def close(self) -> None:
         """At shutdown: no new engine calls; one still running finishes in its thread."""
         for handle in self.registry.handles():
             handle.lane.close()
+
+    # -- models ------------------------------------------------------------------------------
+
+    async def replicas(self) -> list[ReplicaState] | None:
+        """The engine replicas' reports on a cluster; None in a single process."""
+        return await self.fleet.replicas() if self.fleet is not None else None
+
+    async def model_views(self, replicas: list[ReplicaState] | None = None
+                          ) -> dict[str, ModelView]:
+        """Each model's state: this process's registry and lanes, or the cluster's replicas."""
+        if self.fleet is None:
+            return local_views(self.registry.handles())
+        if replicas is None:
+            replicas = await self.fleet.replicas()
+        return fleet_views([h.id for h in self.registry.handles()], replicas)
+
+    async def load_model(self, model_id: str) -> None:
+        if self.fleet is not None:
+            await self.fleet.load(model_id, self.registry[model_id].entry.default_voice)
+        else:
+            await self.registry.load(model_id)
+
+    async def unload_model(self, model_id: str) -> bool:
+        self.local_only("unloaded")
+        return await self.registry.unload(model_id)
+
+    async def switch_model(self, model_id: str, unload_previous: bool) -> SwitchResult:
+        self.local_only("switched")
+        return await self.registry.switch(model_id, unload_previous=unload_previous)
+
+    def local_only(self, done: str) -> None:
+        """Refuse an operation on a model that only a single process can do on request."""
+        if self.fleet is not None:
+            raise InvalidParameter(
+                f"On a cluster, models are placed and {done} by the engine replicas "
+                "(VOXMUX_RAY_MODELS_PER_REPLICA, VOXMUX_IDLE_TTL), not on request",
+                param="model", code="cluster_managed",
+            )
 
     def models(self) -> list[ModelHandle[Lane]]:
         return self.registry.handles()
@@ -169,6 +220,8 @@ class SpeechService:
         self.stats.open(job.record)
         self._jobs[job.ticket] = job
         self._by_request_id[job.plan.request_id].add(job.ticket)
+        if self.fleet is not None:
+            self.fleet.opened(job.plan.request_id)
 
     def _finished(self, job: SpeechJob) -> None:
         assert job.record is not None and job.stats is not None
@@ -180,6 +233,8 @@ class SpeechService:
                 del self._by_request_id[job.plan.request_id]
         self.stats.close(job.record, job.stats)
         self.metrics.observe_request(job.plan.model_id, job.stats)
+        if self.fleet is not None:
+            self.fleet.closed(job.plan.request_id)
 
     def cache_key(self, plan: SpeechPlan) -> str:
         request = SynthesisRequest(text="", voice=plan.voice)
@@ -195,6 +250,13 @@ class SpeechService:
             job.cancel()
         return len(jobs)
 
+    async def cancel_everywhere(self, request_id: str) -> int:
+        """`cancel` here and, on a cluster, on every other ingress replica."""
+        cancelled = self.cancel(request_id)
+        if self.fleet is not None:
+            cancelled += await self.fleet.cancel(request_id)
+        return cancelled
+
     def running(self) -> list[SpeechJob]:
         return list(self._jobs.values())
 
@@ -207,9 +269,9 @@ class SpeechService:
         async with self.speak(plan) as job:
             await job.whole()
 
-    def invalidate_model(self, model_id: str) -> int:
+    async def invalidate_model(self, model_id: str) -> int:
         """Forget a model's cached audio; call when its voices or weights changed (rescan)."""
-        dropped = self.cache.clear_model(model_id)
+        dropped = await self.cache.clear_model(model_id)
         if dropped:
             log.info("cache: dropped %d entries of %s", dropped, model_id)
         return dropped
@@ -222,27 +284,53 @@ class SpeechService:
 
     # -- reporting ---------------------------------------------------------------------------
 
-    def report(self) -> dict[str, object]:
+    async def report(self) -> dict[str, object]:
         """The body of `GET /stats`."""
+        replicas = await self.replicas()
+        views = await self.model_views(replicas)
         models: dict[str, object] = {}
-        active = queued = 0
-        for handle in self.registry.handles():
-            lane = handle.lane.state()
-            active += lane.running
-            queued += lane.queued
-            models[handle.id] = {
-                "status": handle.status,
-                "refcount": handle.refcount,
-                "load_seconds": handle.load_seconds,
-                "active": lane.running,
-                "queued": lane.queued,
-                "running": lane.in_flight,
+        for model_id, view in views.items():
+            models[model_id] = {
+                "status": view.status,
+                "refcount": view.refcount,
+                "load_seconds": view.load_seconds,
+                "active": view.running,
+                "queued": view.queued,
+                "running": view.in_flight,
             }
-        return {
+            if view.replicas is not None:
+                models[model_id]["replicas"] = list(view.replicas)  # type: ignore[index]
+        report: dict[str, object] = {
             **self.stats.snapshot(),
-            "active": active,
-            "queued": queued,
-            "cache": self.cache.snapshot(),
+            "active": sum(v.running for v in views.values()),
+            "queued": sum(v.queued for v in views.values()),
+            "cache": asdict(await self.cache.snapshot()),
             "models": models,
             "memory": process_memory(),
         }
+        if replicas is not None:
+            report["cluster"] = cluster_report(replicas, self.fleet)
+        return report
+
+    async def metrics_text(self) -> bytes:
+        """`GET /metrics`: the counters of this process, levels from wherever engines run."""
+        replicas = await self.replicas()
+        views = await self.model_views(replicas)
+        return self.metrics.render(views, await self.cache.snapshot(), replicas)
+
+
+def cluster_report(replicas: list[ReplicaState], fleet: Fleet | None) -> dict[str, object]:
+    """Which engine replica holds which model, and how busy each is."""
+    return {
+        "replicas_wanted": fleet.replicas_wanted if fleet is not None else len(replicas),
+        "replicas": [
+            {
+                "id": r.id,
+                "node": r.node,
+                "preloading": r.preloading,
+                "holds": r.holds,
+                "models": {m: asdict(s) for m, s in r.models.items()},
+            }
+            for r in replicas
+        ],
+    }

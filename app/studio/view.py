@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from cachetools import TTLCache
 from starlette.requests import Request
@@ -17,6 +17,7 @@ from starlette.requests import Request
 from app.audio.encoders import CONTENT_TYPES, encode_whole
 from app.protocols.native import whole_timed
 from app.protocols.timestamps import captions, word_json
+from app.serving.fleet import ModelView
 from app.serving.service import SpeechService
 from engines.base import InvalidParameter, TimedEngine, Voice
 from engines.frontend.detect import language_matches
@@ -149,20 +150,20 @@ class ModelRow:
     current: bool
 
 
-def model_rows(service: SpeechService) -> list[ModelRow]:
+def model_rows(service: SpeechService, views: dict[str, ModelView]) -> list[ModelRow]:
     return [
         ModelRow(
             id=handle.id,
             engine=handle.entry.engine,
             description=handle.entry.description,
-            status=str(handle.status),
-            error=handle.error,
-            refcount=handle.refcount,
-            load_seconds=handle.load_seconds,
+            status=str(views[handle.id].status),
+            error=views[handle.id].error,
+            refcount=views[handle.id].refcount,
+            load_seconds=views[handle.id].load_seconds,
             voices=len(handle.engine.voices()),
             default_voice=handle.entry.default_voice,
             aliases=handle.entry.aliases,
-            current=handle.current,
+            current=views[handle.id].current,
         )
         for handle in service.models()
     ]
@@ -211,7 +212,25 @@ class Clip:
         return f"voxmux-{self.model}-{voice}.{'ogg' if self.format == 'opus' else self.format}"
 
 
-class ClipStore:
+class ClipStore(Protocol):
+    """Where the Studio keeps the clips it made for its player and download link."""
+
+    async def put(self, clip: Clip) -> bool: ...
+
+    async def get(self, clip_id: str) -> Clip | None: ...
+
+
+def open_clip_store(url: str | None) -> ClipStore:
+    """In this process, or in the shared tier at `url` (`VOXMUX_CACHE_URL`), where every ingress
+    replica of a cluster finds the clip another one made."""
+    if not url:
+        return MemoryClipStore()
+    from app.studio.shared_clips import RedisClipStore  # the optional redis client
+
+    return RedisClipStore(url)
+
+
+class MemoryClipStore:
     """The last clips the Studio made, kept for its player and download link, bounded in bytes."""
 
     def __init__(self, max_items: int = 32, max_bytes: int = 64 << 20, ttl: float = 3600) -> None:
@@ -220,7 +239,7 @@ class ClipStore:
             maxsize=max_bytes, ttl=ttl, getsizeof=lambda clip: max(len(clip.data), 1)
         )
 
-    def put(self, clip: Clip) -> bool:
+    async def put(self, clip: Clip) -> bool:
         if len(clip.data) > self._clips.maxsize:
             return False
         self._clips[clip.id] = clip
@@ -228,7 +247,7 @@ class ClipStore:
             self._clips.popitem()
         return True
 
-    def get(self, clip_id: str) -> Clip | None:
+    async def get(self, clip_id: str) -> Clip | None:
         return self._clips.get(clip_id)
 
     def __len__(self) -> int:

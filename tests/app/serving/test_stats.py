@@ -113,8 +113,8 @@ def test_two_apps_in_one_process_keep_separate_metrics(tmp_path: Path) -> None:
     one = create_app(test_settings(tmp_path, preload=[]))
     two = create_app(test_settings(tmp_path, preload=[]))
     one.state.service.metrics.requests.labels("espeak", "done").inc()
-    first = one.state.service.metrics.render().decode()
-    second = two.state.service.metrics.render().decode()
+    first = one.state.service.metrics.render({}).decode()
+    second = two.state.service.metrics.render({}).decode()
     assert 'voxmux_requests_total{model="espeak",status="done"} 1.0' in first
     assert "voxmux_requests_total{" not in second
 

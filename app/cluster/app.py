@@ -1,0 +1,72 @@
+"""The Serve application: an ingress deployment, the engine deployment, the board.
+
+`build(settings)` is what `voxmux serve --ray` runs; `build_app` is the same for Serve's own
+tooling (`serve run app.cluster.app:build_app`, KubeRay's RayService `import_path`), with the
+settings taken from the environment (`VOXMUX_*`, set in the runtime env) and the arguments.
+
+Capacity follows the single process: an engine replica takes `concurrency + queue_size` requests
+at once (Serve's `max_ongoing_requests`, or `VOXMUX_RAY_ENGINE_MAX_ONGOING`; they take
+segment-sized turns on its lanes), requests beyond wait in front of the replicas up to
+`queue_size` per ingress replica (`max_queued_requests`), and one more is a 429 with
+`Retry-After`. Serve sends a model's requests to the replicas holding it while they have room,
+then places it on another replica.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ray import serve
+from ray.serve import Application
+
+from app.cluster.board import Board
+from app.cluster.engines import Engines
+from app.cluster.ingress import Ingress
+from app.settings import Settings
+
+APP_NAME = "voxmux"
+INGRESS, ENGINES, BOARD = "VoxMux", "VoxMuxEngines", "VoxMuxBoard"
+"""Deployment names, as Serve's config files (a RayService's `deployments:`) refer to them."""
+
+
+def absolute(settings: Settings) -> Settings:
+    """Settings whose relative paths are taken from here, not from each worker's directory."""
+    paths = ("models_dir", "cache_dir", "credentials_dir", "config_dir", "catalogue", "log_dir")
+    update = {name: Path(value).resolve() for name in paths
+              if isinstance(value := getattr(settings, name), Path)}
+    return settings.model_copy(update=update)
+
+
+def build(settings: Settings, *, engine_options: dict[str, Any] | None = None,
+          ingress_options: dict[str, Any] | None = None) -> Application:
+    """The application for `settings`; the options override Serve deployment options."""
+    settings = absolute(settings)
+    # Its long polls never finish on their own: a stopping board does not wait them out.
+    board = serve.deployment(name=BOARD, num_replicas=1, max_ongoing_requests=10_000,
+                             graceful_shutdown_timeout_s=1, graceful_shutdown_wait_loop_s=0.5,
+                             ray_actor_options={"num_cpus": 0})(Board).bind()
+    engines = serve.deployment(name=ENGINES)(Engines).options(**{
+        "num_replicas": settings.ray_engine_replicas,
+        "max_ongoing_requests": (settings.ray_engine_max_ongoing
+                                 or settings.concurrency + settings.queue_size),
+        "max_queued_requests": settings.queue_size,
+        "ray_actor_options": {"num_cpus": settings.ray_engine_cpus},
+        **(engine_options or {}),
+    }).bind(settings, board)
+    ingress: Application = serve.deployment(name=INGRESS)(serve.ingress()(Ingress)).options(**{
+        "num_replicas": settings.ray_ingress_replicas,
+        "max_ongoing_requests": settings.ray_ingress_max_ongoing,
+        "ray_actor_options": {"num_cpus": settings.ray_ingress_cpus},
+        **(ingress_options or {}),
+    }).bind(settings, engines, board)
+    return ingress
+
+
+def build_app(args: dict[str, str]) -> Application:
+    """Serve's application builder: `args` are settings (`{"profile": "gpu"}`), the rest comes
+    from `VOXMUX_*` in the environment."""
+    from app.settings import load_settings
+
+    profile = args.pop("profile", None)
+    return build(load_settings(profile, **args))

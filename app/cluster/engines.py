@@ -1,0 +1,237 @@
+"""The engine deployment: replicas that hold models and render segments.
+
+Each replica is a small single-process VoxMux without HTTP: the catalogue's engine adapters in an
+`EngineRegistry` (leases, loads, per-replica idle unload by `VOXMUX_IDLE_TTL`) and a
+`LocalRenderer` (lanes, turns, cancellable engine calls). Which models a replica holds is Serve's
+multiplexing: a request carries its model as `multiplexed_model_id`, Serve routes it to a replica
+that holds the model (or the one holding fewest), and past `VOXMUX_RAY_MODELS_PER_REPLICA` evicts
+the least recently used. An eviction here only retires the model: it is unloaded when its last
+lease ends, so a request that streams from it is never cut short.
+
+`render()` is one render session as a stream: `Update`s, then one `Segment` per segment or a
+`Failure`. A cancel from the ingress (the client left) cancels the stream, which cancels the
+session: the engine call stops at its next step and the lease is released once it has returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import ray
+from ray import serve
+
+from app.cluster.messages import Failure, RenderRequest, Segment, Update
+from app.serving.catalogue import Catalogue
+from app.serving.fleet import ReplicaModel, ReplicaState
+from app.serving.render import LocalRenderer, Progress, RenderWork
+from app.serving.scheduler import Lane
+from app.serving.service import WARM_UP_TEXT
+from app.settings import Settings
+from engines.base import CancelToken, EngineBusy, SynthesisFailed, VoxMuxError
+from engines.registry import EngineRegistry, ModelStatus
+
+log = logging.getLogger(__name__)
+
+REPORT_SECONDS = 1.0
+"""A replica reports to the board at least this often, and at once when something changed."""
+
+
+class Resident:
+    """A model as Serve's multiplexing sees it on this replica. Serve calls `__del__` when it
+    evicts the model (in a worker thread); that retires the model on the replica's loop."""
+
+    def __init__(self, model_id: str, retire: Callable[[str], None],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.model_id = model_id
+        self._retire = retire
+        self._loop = loop
+        self._gone = False
+
+    def __del__(self) -> None:
+        if self._gone:
+            return
+        self._gone = True
+        with contextlib.suppress(RuntimeError):  # the loop has closed: the replica is gone
+            self._loop.call_soon_threadsafe(self._retire, self.model_id)
+
+
+class Engines:
+    async def __init__(self, settings: Settings, board: Any) -> None:  # type: ignore[misc]
+        # An async constructor (Serve awaits it): its tasks start on the replica's loop.
+        from app.main import build_registry, runtime_options  # the same wiring as one process
+
+        self.settings = settings
+        self._board = board
+        self.registry: EngineRegistry[Lane] = build_registry(
+            settings.model_copy(update={"max_loaded": None}),
+            Catalogue.load(settings.catalogue_path), runtime_options(settings))
+        self.renderer = LocalRenderer(self.registry, settings.request_timeout)
+        context = serve.get_replica_context()
+        self.replica = context.replica_id.unique_id
+        self.node = ray.get_runtime_context().get_node_id()
+        self._loop = asyncio.get_running_loop()
+        self._draining: set[str] = set()
+        self._served: Counter[str] = Counter()
+        self._rendered: Counter[str] = Counter()
+        self._changed = asyncio.Event()
+        self._preloading = True
+        self.registry.on_change.append(self._status_changed)
+        async def place(model_id: str) -> Resident:  # a function: Serve keeps its LRU on it
+            return await self._place(model_id)
+
+        self.resident: Callable[[str], Awaitable[Resident]] = serve.multiplexed(
+            max_num_models_per_replica=settings.ray_models_per_replica)(place)
+        self._reporter = asyncio.create_task(self._report_loop())
+        self._preload = asyncio.create_task(self._preload_models())
+
+    # -- placement ---------------------------------------------------------------------------
+
+    async def _place(self, model_id: str) -> Resident:
+        """Serve's loader: the model is wanted here (again)."""
+        self._draining.discard(model_id)
+        await self.registry.load(model_id)
+        self._touch()
+        return Resident(model_id, self._retire, self._loop)
+
+    def _retire(self, model_id: str) -> None:
+        self._draining.add(model_id)
+        self._touch()
+        task = asyncio.ensure_future(self._unload_if_idle(model_id))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _unload_if_idle(self, model_id: str) -> None:
+        if model_id not in self._draining or self.registry[model_id].refcount:
+            return
+        with contextlib.suppress(EngineBusy):  # a lease came in meanwhile: its end retries
+            await self.registry.unload(model_id)
+            self._draining.discard(model_id)
+            log.info("model %s unloaded after its eviction", model_id)
+        self._touch()
+
+    async def _preload_models(self) -> None:
+        try:
+            for model_id in self.settings.preload[: self.settings.ray_models_per_replica]:
+                if model_id not in self.registry:
+                    continue
+                try:
+                    await self.resident(model_id)
+                    await self._warm_up(model_id)
+                except Exception as exc:  # marked error in the registry; others keep serving
+                    log.error("preload of %s failed: %s", model_id, exc)
+        finally:
+            self._preloading = False
+            self._touch()
+
+    async def _warm_up(self, model_id: str) -> None:
+        entry = self.registry[model_id].entry
+        work = RenderWork(ticket="warm-up", model_id=model_id, voice=entry.default_voice,
+                          native_speed=1.0, stretch=1.0, language=None,
+                          segments=(WARM_UP_TEXT,), cancel=CancelToken())
+        async with self.renderer.session(work) as session:
+            await session.render(WARM_UP_TEXT)
+
+    # -- rendering ---------------------------------------------------------------------------
+
+    async def render(self, request: RenderRequest) -> AsyncIterator[Update | Segment | Failure]:
+        model_id = request.model_id
+        try:
+            await self.resident(model_id)
+        except VoxMuxError as exc:
+            yield Failure(exc)
+            return
+        items: asyncio.Queue[Update | Segment | Failure | None] = asyncio.Queue()
+        cancel = CancelToken()
+        task = asyncio.create_task(self._session(request, cancel, items))
+        self._touch()
+        try:
+            while (item := await items.get()) is not None:
+                yield item
+        finally:
+            cancel.cancel()
+            if not task.done():
+                task.cancel()
+            while not task.done():  # the lease is released once the engine call has returned
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(task)
+            await self._unload_if_idle(model_id)
+
+    async def _session(self, request: RenderRequest, cancel: CancelToken,
+                       items: asyncio.Queue[Update | Segment | Failure | None]) -> None:
+        failed: list[VoxMuxError] = []
+
+        def progress(step: Progress) -> None:
+            items.put_nowait(Update(step))
+
+        def abandon(error: BaseException) -> None:  # a timeout: told now, engine still stopping
+            if isinstance(error, VoxMuxError) and not failed:
+                failed.append(error)
+                items.put_nowait(Failure(error))
+
+        work = RenderWork(ticket=request.ticket, model_id=request.model_id, voice=request.voice,
+                          native_speed=request.native_speed, stretch=request.stretch,
+                          language=request.language, segments=request.segments, cancel=cancel,
+                          timings=request.timings, progress=progress, abandon=abandon)
+        try:
+            async with self.renderer.session(work) as session:
+                self._served[request.model_id] += 1
+                self._touch()
+                for text in request.segments:
+                    rendered = await session.render(text)
+                    self._rendered[request.model_id] += 1
+                    items.put_nowait(Segment(rendered.chunks, self.replica, rendered.words))
+        except VoxMuxError as exc:
+            if not failed:
+                items.put_nowait(Failure(exc))
+        except Exception as exc:
+            log.exception("render session failed")
+            items.put_nowait(Failure(SynthesisFailed(f"The engine replica failed: {exc}")))
+        finally:
+            items.put_nowait(None)
+            self._touch()
+
+    # -- reporting ---------------------------------------------------------------------------
+
+    def _touch(self) -> None:
+        self._changed.set()
+
+    def _status_changed(self, model_id: str, status: ModelStatus) -> None:
+        self._loop.call_soon_threadsafe(self._touch)
+
+    def state(self) -> ReplicaState:
+        models = {}
+        for handle in self.registry.handles():
+            lane = handle.lane.state()
+            if handle.status is ModelStatus.UNLOADED and not lane.running + lane.queued:
+                continue
+            models[handle.id] = ReplicaModel(
+                status=handle.status, refcount=handle.refcount, error=handle.error,
+                load_seconds=handle.load_seconds, running=lane.running, queued=lane.queued,
+                in_flight=lane.in_flight, draining=handle.id in self._draining,
+                served=self._served[handle.id], rendered=self._rendered[handle.id])
+        return ReplicaState(self.replica, self.node, models, self._preloading, time.time())
+
+    async def _report_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), REPORT_SECONDS)
+            self._changed.clear()
+            try:
+                await self._board.report.remote(self.state())
+            except Exception as exc:  # the board restarts with the app; keep rendering
+                log.warning("report to the board failed: %s", exc)
+                await asyncio.sleep(REPORT_SECONDS)
+            await asyncio.sleep(REPORT_SECONDS / 10)  # a burst of changes is one report
+
+    async def __del__(self) -> None:
+        self._reporter.cancel()
+        self._preload.cancel()
+        with contextlib.suppress(Exception):
+            await self._board.forget.remote(self.replica)
+        await self.registry.close()
+

@@ -1,0 +1,100 @@
+"""Start or join a Ray cluster and run VoxMux on it (`voxmux serve --ray` / `--ray-address`).
+
+A local cluster is this machine only: every Ray process binds loopback
+(`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` and the node address), token authentication is on with a
+token that lives in this process's environment (inherited by Ray's processes; nothing is written
+to `~/.ray`), the object store is capped (`VOXMUX_RAY_OBJECT_STORE_BYTES`), the dashboard is off.
+Stopping shuts down only what this process started (never `ray stop`, which ends every Ray
+process on the host). Joining a cluster deploys the application there and deletes it on exit,
+like `serve run`; a standing deployment is a RayService (docs/scale-out.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from typing import Any
+
+from app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+
+
+def local_environment() -> dict[str, str]:
+    """What a loopback-only local cluster needs in the environment, set before Ray is imported
+    (Ray reads some of it at import time); values already set are kept."""
+    wanted = {
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": secrets.token_hex(32),
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    for name, value in wanted.items():
+        os.environ.setdefault(name, value)
+    return {name: os.environ[name] for name in wanted}
+
+
+def start_local(settings: Settings, *, log_to_driver: bool = True) -> None:
+    """A local cluster in this process (`ray.init(address="local")`)."""
+    local_environment()
+    import ray
+
+    ray.init(address="local", num_cpus=settings.ray_cpus,
+             object_store_memory=settings.ray_object_store_bytes, include_dashboard=False,
+             _node_ip_address=LOOPBACK, log_to_driver=log_to_driver)
+
+
+def join(address: str) -> None:
+    import ray
+
+    ray.init(address=address)
+
+
+def deploy(settings: Settings, **options: Any) -> str:
+    """Run the application on the connected cluster; returns the URL it answers on."""
+    from ray import serve
+
+    from app.cluster.app import APP_NAME, build
+
+    serve.start(http_options={"host": settings.host, "port": settings.port})
+    serve.run(build(settings, **options), name=APP_NAME, route_prefix="/", blocking=False)
+    return f"http://{settings.host}:{settings.port}"
+
+
+def stop(*, local: bool) -> None:
+    """Undo `deploy` (and `start_local`): only what this process started."""
+    import ray
+    from ray import serve
+
+    from app.cluster.app import APP_NAME
+
+    if local:
+        serve.shutdown()  # type: ignore[no-untyped-call]
+        ray.shutdown()
+    else:
+        serve.delete(APP_NAME)
+        ray.shutdown()
+
+
+def serve_on_ray(settings: Settings) -> None:
+    """`voxmux serve --ray`: start (or join) the cluster, deploy, wait for Ctrl-C, clean up."""
+    local = not settings.ray_address
+    started = time.perf_counter()
+    if local:
+        start_local(settings)
+    else:
+        join(str(settings.ray_address))
+    try:
+        url = deploy(settings)
+        log.info("VoxMux on Ray Serve at %s (cluster and application up in %.1f s)", url,
+                 time.perf_counter() - started)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop(local=local)

@@ -1,0 +1,208 @@
+"""The ingress's side of rendering on a cluster: a `Renderer` and a `Fleet` over Serve handles.
+
+A render session is one streaming call to the engine deployment, routed by the request's model
+(`multiplexed_model_id`) to a replica that holds it; for streamed text (segments not known up
+front) each sentence is a call of its own. Serve's queue in front of the replicas is bounded
+(`max_queued_requests`): a full one is the same `Overloaded` (429 with `Retry-After`) as a full
+lane. Leaving the session early (the client left, a cancel) cancels the call, which cancels the
+replica's session and with it the running engine call. Failures on the replica arrive as the very
+errors the single process raises; a replica that dies or stops answering is a `SynthesisFailed`
+or a `RequestTimeout`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import numpy as np
+from ray.exceptions import RayError
+from ray.serve.exceptions import BackPressureError
+
+from app.cluster.messages import Failure, RenderRequest, Segment, Update
+from app.serving.fleet import ReplicaState
+from app.serving.render import Rendered, RenderSession, RenderWork
+from engines.base import Overloaded, RequestTimeout, SynthesisFailed
+from engines.registry import ModelStatus
+
+CANCEL_POLL_SECONDS = 10.0
+"""How long one long poll for cancels waits on the board before asking again."""
+REPORT_WAIT_SECONDS = 5.0
+"""How long a load waits for the replica's report before answering."""
+GRACE_SECONDS = 10.0
+"""Added to the request timeout before the ingress gives up on a replica that sends nothing (the
+replica's own timeout, which reports a 504, comes first)."""
+
+
+class RayRenderer:
+    """`Renderer` and `Fleet` of an ingress replica."""
+
+    def __init__(self, engines: Any, board: Any, timeout: float, replicas_wanted: int,
+                 replica: str = "") -> None:
+        self._engines = engines
+        self._board = board
+        self.timeout = timeout
+        self.replicas_wanted = replicas_wanted
+        self.replica = replica
+        """This ingress replica's id."""
+        self._mean_seconds = 1.0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @asynccontextmanager
+    async def session(self, work: RenderWork) -> AsyncIterator[RenderSession]:
+        session = _RaySession(self, work)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            yield session
+        finally:
+            session.close()
+            self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * (loop.time() - started)
+
+    def call(self, work: RenderWork, segments: tuple[str, ...]) -> Any:
+        request = RenderRequest(work.ticket, work.model_id, work.voice, work.native_speed,
+                                work.stretch, work.language, segments, work.timings)
+        options = self._engines.options(multiplexed_model_id=work.model_id, stream=True)
+        return options.render.remote(request)
+
+    def retry_after(self) -> int:
+        return max(1, math.ceil(self._mean_seconds))
+
+    async def replicas(self) -> list[ReplicaState]:
+        states: list[ReplicaState] = await self._board.replicas.remote()
+        return states
+
+    # -- cancelling by request id across ingress replicas ------------------------------------
+
+    def opened(self, request_id: str) -> None:
+        self._tell(self._board.opened.remote(self.replica, request_id))
+
+    def closed(self, request_id: str) -> None:
+        self._tell(self._board.closed.remote(self.replica, request_id))
+
+    def _tell(self, response: Any) -> None:
+        async def sent() -> None:
+            with contextlib.suppress(Exception):  # a lost registration only weakens a cancel
+                await response
+
+        task = asyncio.get_running_loop().create_task(sent())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def cancel(self, request_id: str) -> int:
+        count: int = await self._board.cancel.remote(request_id, self.replica)
+        return count
+
+    async def watch_cancels(self, cancel: Callable[[str], int]) -> None:
+        while True:
+            try:
+                request_ids: list[str] = await self._board.cancels.remote(
+                    self.replica, CANCEL_POLL_SECONDS)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the board is restarting: try again shortly
+                await asyncio.sleep(1)
+                continue
+            for request_id in request_ids:
+                cancel(request_id)
+
+    async def load(self, model_id: str, voice: str) -> None:
+        """Load a model where the cluster routes it: a one-segment render session, so its
+        failure is the same error a request would get."""
+        from app.serving.service import WARM_UP_TEXT
+        from engines.base import CancelToken
+
+        work = RenderWork(ticket=f"load-{model_id}", model_id=model_id, voice=voice,
+                          native_speed=1.0, stretch=1.0, language=None, segments=None,
+                          cancel=CancelToken())
+        async with self.session(work) as session:
+            await session.render(WARM_UP_TEXT)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REPORT_WAIT_SECONDS  # until the board shows it, so the answer does
+        while loop.time() < deadline:
+            replicas = await self.replicas()
+            if any(r.models.get(model_id) and r.models[model_id].status is ModelStatus.READY
+                   for r in replicas):
+                return
+            await asyncio.sleep(0.05)
+
+
+class _RaySession:
+    def __init__(self, renderer: RayRenderer, work: RenderWork) -> None:
+        self._renderer = renderer
+        self._work = work
+        self._stream: Any = None
+        self._pending: list[str] = []
+        self._ended = True
+
+    async def render(self, text: str) -> Rendered:
+        work = self._work
+        if not self._pending:
+            await self._finish_stream()
+            segments = work.segments if work.segments is not None else (text,)
+            with self._mapped():
+                self._stream = self._renderer.call(work, segments)
+            self._pending, self._ended = list(segments), False
+            work.progress("queued")
+        expected = self._pending.pop(0)
+        if expected != text:
+            raise SynthesisFailed("The render session got segments out of order")
+        while True:
+            item = await self._next()
+            if isinstance(item, Update):
+                work.progress(item.progress)
+            elif isinstance(item, Failure):
+                raise item.error
+            elif isinstance(item, Segment):
+                # Own copies: Ray hands large arrays out as read-only views of its object store,
+                # which they would keep pinned while they wait for a slow reader.
+                return Rendered([np.array(chunk, dtype=np.float32, copy=True)
+                                 for chunk in item.chunks], item.words)
+            else:
+                raise SynthesisFailed("The engine replica ended the session early")
+
+    async def _next(self) -> Update | Segment | Failure | None:
+        limit = self._renderer.timeout + GRACE_SECONDS
+        try:
+            with self._mapped():
+                async with asyncio.timeout(limit):
+                    item: Update | Segment | Failure = await anext(self._stream)
+                    return item
+        except StopAsyncIteration:
+            self._ended = True
+            return None
+        except TimeoutError:
+            raise RequestTimeout(f"No engine replica answered for {limit:g} s") from None
+
+    @contextmanager
+    def _mapped(self) -> Iterator[None]:
+        """Serve's and Ray's errors as VoxMux's."""
+        try:
+            yield
+        except BackPressureError:
+            raise Overloaded(
+                f"Every engine replica for '{self._work.model_id}' is at capacity and the queue "
+                "in front of them is full; retry later",
+                retry_after=self._renderer.retry_after(),
+            ) from None
+        except RayError as exc:
+            raise SynthesisFailed(f"The engine replica failed: {exc}") from exc
+
+    async def _finish_stream(self) -> None:
+        """Read a finished sentence's call to its end (streamed text makes one per sentence)."""
+        while self._stream is not None and not self._ended:
+            item = await self._next()
+            if isinstance(item, Failure):
+                raise item.error
+
+    def close(self) -> None:
+        """Cancel a call still running; one that never ran (refused, failed) has nothing to
+        cancel, and its error has been raised already."""
+        if self._stream is not None and not self._ended:
+            self._ended = True
+            with contextlib.suppress(Exception):
+                self._stream.cancel()

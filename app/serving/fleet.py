@@ -1,0 +1,134 @@
+"""What the models are doing, wherever they run: one view for the status routes.
+
+In a single process the registry and the lanes say it. On a cluster each engine replica reports
+its own registry and lanes (`ReplicaState`), and a `Fleet` gathers the reports; `model_views`
+folds them into one `ModelView` per model, so `/v1/models`, `/health`, `/stats`, `/metrics` and
+the Studio read the same shape either way and the cluster adds which replica holds what.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from app.serving.scheduler import Lane
+from engines.registry import ModelHandle, ModelStatus
+
+
+@dataclass(frozen=True)
+class ReplicaModel:
+    """One model on one engine replica."""
+
+    status: ModelStatus
+    refcount: int
+    error: str | None
+    load_seconds: float | None
+    running: int
+    """Admitted requests that have had their first turn."""
+    queued: int
+    """Admitted requests waiting for their first turn."""
+    in_flight: int
+    """Engine calls running now."""
+    draining: bool = False
+    """Evicted by the cluster's placement while requests still stream from it: it unloads when
+    the last of them ends."""
+    served: int = 0
+    """Render sessions (requests, or sentences of streamed text) this replica has run for the
+    model."""
+    rendered: int = 0
+    """Segments this replica has rendered for the model."""
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    """One engine replica's report."""
+
+    id: str
+    node: str
+    models: dict[str, ReplicaModel]
+    preloading: bool = False
+    updated: float = 0.0
+    """Wall-clock time of the report."""
+
+    @property
+    def holds(self) -> list[str]:
+        """Models loaded (or loading) here."""
+        return [m for m, s in self.models.items()
+                if s.status in (ModelStatus.READY, ModelStatus.LOADING)]
+
+
+class Fleet(Protocol):
+    """The engine replicas of a cluster, as the ingress sees them."""
+
+    replicas_wanted: int
+
+    async def replicas(self) -> list[ReplicaState]: ...
+
+    async def load(self, model_id: str, voice: str) -> None:
+        """Load a model on the replica the cluster routes it to (rendering a word in `voice`)."""
+
+    def opened(self, request_id: str) -> None:
+        """A job carrying `request_id` runs here (so a cancel elsewhere can find it)."""
+
+    def closed(self, request_id: str) -> None: ...
+
+    async def cancel(self, request_id: str) -> int:
+        """Cancel `request_id` on the other ingress replicas; how many requests that was."""
+
+    async def watch_cancels(self, cancel: Callable[[str], int]) -> None:
+        """Run `cancel` for every request id another replica was asked to cancel; forever."""
+
+
+@dataclass(frozen=True)
+class ModelView:
+    status: ModelStatus
+    refcount: int
+    """Leases held now (requests using the model)."""
+    error: str | None
+    load_seconds: float | None
+    current: bool
+    running: int
+    queued: int
+    in_flight: int
+    replicas: tuple[str, ...] | None = None
+    """On a cluster: the engine replicas holding the model."""
+
+
+def local_views(handles: Iterable[ModelHandle[Lane]]) -> dict[str, ModelView]:
+    views = {}
+    for handle in handles:
+        lane = handle.lane.state()
+        views[handle.id] = ModelView(handle.status, handle.refcount, handle.error,
+                                     handle.load_seconds, handle.current, lane.running,
+                                     lane.queued, lane.in_flight)
+    return views
+
+
+_PRECEDENCE = (ModelStatus.READY, ModelStatus.LOADING, ModelStatus.ERROR)
+
+
+def fleet_views(model_ids: Iterable[str], replicas: list[ReplicaState]) -> dict[str, ModelView]:
+    """One view per model over every replica: ready where any replica has it ready, else
+    loading, else error (with a replica's reason), else unloaded; counts are summed."""
+    views = {}
+    for model_id in model_ids:
+        states = [(r.id, r.models[model_id]) for r in replicas if model_id in r.models]
+        found = {s.status for _, s in states}
+        status = next((s for s in _PRECEDENCE if s in found), ModelStatus.UNLOADED)
+        error = next((s.error for _, s in states if s.error), None)
+        loads = [s.load_seconds for _, s in states if s.load_seconds is not None]
+        holders = tuple(rid for rid, s in states
+                        if s.status in (ModelStatus.READY, ModelStatus.LOADING))
+        views[model_id] = ModelView(
+            status=status,
+            refcount=sum(s.refcount for _, s in states),
+            error=error if status is ModelStatus.ERROR else None,
+            load_seconds=max(loads) if loads else None,
+            current=False,
+            running=sum(s.running for _, s in states),
+            queued=sum(s.queued for _, s in states),
+            in_flight=sum(s.in_flight for _, s in states),
+            replicas=holders,
+        )
+    return views

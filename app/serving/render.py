@@ -1,0 +1,173 @@
+"""Where a job's segments become audio: the one step that runs in-process or on a cluster.
+
+A speech job plans, caches, joins, tracks and frames; for the audio itself it opens a render
+session (`async with renderer.session(work) as session`) and asks it for one segment at a time
+(`await session.render(text)`). The session owns the request's place and lease for as long as it
+is open. `LocalRenderer` is the single-process form: the model's lane admits the request (429
+beyond its queue), the registry leases the model, each segment waits for a lane turn and runs
+`render_segment` on the lane's engine thread. On a cluster the same `LocalRenderer` runs inside
+each engine replica, and the job talks to a renderer that forwards sessions there
+(`app.cluster.remote`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+
+from app.audio import dsp
+from app.serving.scheduler import Lane
+from engines.base import (
+    Audio,
+    Cancelled,
+    CancelToken,
+    Engine,
+    SynthesisFailed,
+    SynthesisRequest,
+    TimedEngine,
+    VoxMuxError,
+    WordTiming,
+)
+from engines.registry import EngineRegistry, ModelStatus
+
+log = logging.getLogger(__name__)
+
+Progress = Literal["queued", "loading", "running"]
+"""What a session tells its job: admitted and waiting (model ready or loading), or a segment's
+engine call has begun."""
+
+
+@dataclass(frozen=True)
+class RenderWork:
+    """What a render session needs of one request."""
+
+    ticket: str
+    model_id: str
+    voice: str
+    native_speed: float
+    stretch: float
+    """Pitch-preserving time-stretch applied after the engine (speed beyond its own range)."""
+    language: str | None
+    segments: tuple[str, ...] | None
+    """Every segment when known up front; None for streamed text (segments come one by one)."""
+    cancel: CancelToken
+    timings: bool = False
+    """Whether the request asked for word timings (engines without them then refuse it)."""
+    progress: Callable[[Progress], None] = lambda _: None
+    abandon: Callable[[BaseException], None] = lambda _: None
+    """Told why a segment is being abandoned (a timeout), before the engine has stopped."""
+    rendered: Callable[[], None] = lambda: None
+    """Called in the engine thread after each segment (the job samples its memory there)."""
+
+
+Words = tuple[WordTiming, ...]
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """One segment's finished audio chunks (trimmed, stretched, faded) and, when asked for, its
+    words, timed from the segment's first sample, spans in the segment's text."""
+
+    chunks: list[Audio]
+    words: Words = ()
+
+
+class RenderSession(Protocol):
+    async def render(self, text: str) -> Rendered: ...
+
+
+class Renderer(Protocol):
+    def session(self, work: RenderWork) -> AbstractAsyncContextManager[RenderSession]:
+        """Hold a request place and the model for `work` until the block ends; raises
+        `Overloaded` when the model's queue is full."""
+
+
+def render_segment(engine: Engine, text: str, work: RenderWork) -> Rendered:
+    """Synthesize and finish one segment; blocking (an engine thread, off the event loop)."""
+    request = SynthesisRequest(text=text, voice=work.voice, speed=work.native_speed,
+                               language=work.language, cancel=work.cancel, timings=work.timings)
+    chunks: list[Audio] = []
+    words: list[WordTiming] = []
+    samples = 0
+    rate = engine.sample_rate
+    try:
+        if work.timings and isinstance(engine, TimedEngine):
+            timed: Iterator[tuple[Audio, Words]] = (
+                (c.audio, c.words) for c in engine.stream_timed(request))
+        else:
+            timed = ((c, ()) for c in engine.stream(request))
+        for chunk, chunk_words in timed:
+            work.cancel.check()
+            if len(chunk):
+                audio, placed = _finish_chunk(np.asarray(chunk, dtype=np.float32), chunk_words,
+                                              work.stretch, rate)
+                words += (w.moved(shift=samples / rate) for w in placed)
+                samples += len(audio)
+                chunks.append(audio)
+    except VoxMuxError:
+        raise
+    except Exception as exc:
+        if work.cancel.cancelled:  # the engine stopped because we told it to
+            raise Cancelled("The request was cancelled") from exc
+        log.exception("engine %s failed on a segment", work.model_id)
+        raise SynthesisFailed(f"The {work.model_id} engine failed: {exc}") from exc
+    work.rendered()
+    return Rendered(chunks, tuple(words))
+
+
+def _finish_chunk(chunk: Audio, words: Words, stretch: float, rate: int
+                  ) -> tuple[Audio, Words]:
+    """Trim, stretch, limit and fade one chunk; its words follow the trim and the stretch."""
+    start, end = dsp.voiced_span(chunk, rate)
+    audio = chunk[start:end]
+    scale = 1.0
+    if abs(stretch - 1.0) > 1e-3:
+        stretched = dsp.time_stretch(audio, stretch, rate)
+        scale = len(stretched) / len(audio) if len(audio) else 1.0
+        audio = stretched
+    if words:
+        limit = len(audio) / rate
+        words = tuple(w.moved(scale=scale, shift=-start / rate * scale, high=limit)
+                      for w in words)
+    return dsp.fade_edges(dsp.peak_limit(audio), rate), words
+
+
+class LocalRenderer:
+    """Segments rendered in this process: lane admission, a registry lease, lane turns."""
+
+    def __init__(self, registry: EngineRegistry[Lane], timeout: float) -> None:
+        self.registry = registry
+        self.timeout = timeout
+
+    @asynccontextmanager
+    async def session(self, work: RenderWork) -> AsyncIterator[RenderSession]:
+        handle = self.registry[work.model_id]
+        async with handle.lane.admitted(work.ticket):
+            work.progress("queued" if handle.status is ModelStatus.READY else "loading")
+            async with self.registry.lease(work.model_id) as engine:
+                yield _LocalSession(handle.lane, engine, work, self.timeout)
+
+
+class _LocalSession:
+    def __init__(self, lane: Lane, engine: Engine, work: RenderWork, timeout: float) -> None:
+        self._lane = lane
+        self._engine = engine
+        self._work = work
+        self._timeout = timeout
+
+    async def render(self, text: str) -> Rendered:
+        """Wait for a turn, then render; the request timeout bounds both."""
+        work, loop = self._work, asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout
+        async with self._lane.turn(work.ticket, self._timeout) as turn:
+            work.progress("running")
+            remaining = max(0.001, deadline - loop.time())
+            call = functools.partial(render_segment, self._engine, text, work)
+            return await turn.call(call, work.cancel, remaining, abandon=work.abandon)

@@ -1,0 +1,344 @@
+"""`voxmux serve --ray` on a real local Ray cluster and a real redis-server.
+
+One cluster for the module (it takes 10-30 s to start on this machine): two ingress replicas
+sharing a Redis cache, two engine replicas holding one model each, one request at a time per
+replica plus one queued (so overload is easy to reach). The last test redeploys with one engine
+replica to watch an eviction meet a stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from websockets.sync.client import connect
+
+from app.cluster import launch
+from app.settings import Settings
+from tests.cluster.conftest import cluster_settings, cluster_state, holders, until, wait_healthy
+from tests.conftest import decode
+from tests.hearing import hear, word_error_rate
+from tests.redisserver import redis_server
+
+SENTENCES = [
+    "The morning train left the station on time.",
+    "Passengers read their papers in silence.",
+    "Outside, the fields were covered in frost.",
+    "A conductor walked slowly down the aisle.",
+    "He checked every ticket with great care.",
+    "Near the window, a child pointed at the hills.",
+    "The sun rose higher over the valley.",
+    "Someone laughed at the back of the carriage.",
+    "The next stop was still an hour away.",
+    "Everyone settled in for the long ride.",
+]
+TEN = " ".join(SENTENCES)
+
+
+def unique(text: str) -> str:
+    """The same text made new, so the shared cache cannot answer it."""
+    return f"Request number {random.randrange(10**9)}. {text}"
+
+
+@dataclass
+class Deployed:
+    url: str
+    settings: Settings
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_available: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
+    tmp = tmp_path_factory.mktemp("ray")
+    with redis_server(tmp / "redis") as redis_url:
+        settings = cluster_settings(tmp, cache_url=redis_url, ray_engine_replicas=2,
+                                    ray_models_per_replica=1, ray_ingress_replicas=2)
+        launch.start_local(settings, log_to_driver=False)
+        try:
+            url = launch.deploy(settings)
+            wait_healthy(url, replicas=2)
+            yield Deployed(url, settings)
+        finally:
+            launch.stop(local=True)
+
+
+def speech(deployed: Deployed, model: str, text: str, fmt: str = "wav") -> httpx.Response:
+    with deployed.client() as http:
+        return http.post("/v1/audio/speech", json={
+            "model": model, "voice": "alloy", "input": text, "response_format": fmt})
+
+
+def test_the_cluster_binds_loopback_only(cluster: Deployed) -> None:
+    import ray
+
+    nodes = ray.nodes()
+    assert [n["NodeManagerAddress"] for n in nodes] == ["127.0.0.1"]
+    assert nodes[0]["Resources"]["CPU"] == 2
+    assert nodes[0]["Resources"]["object_store_memory"] <= cluster.settings.ray_object_store_bytes
+    assert not (Path.home() / ".ray" / "auth_token").exists()
+
+
+def test_openai_sdk_speech_on_piper_and_espeak(cluster: Deployed) -> None:
+    client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="unused", max_retries=0)
+    spoken = {"tts-1": "The cluster speaks with the same voice as one process.",
+              "espeak": "Hello from the speech cluster."}
+    for model, text in spoken.items():
+        response = client.audio.speech.create(model=model, voice="alloy", input=text,
+                                              response_format="wav")
+        audio = decode(response.content, "wav")
+        assert audio.sample_rate == 22050 and audio.rms > 0.01
+        assert len(text) / 25 < audio.duration < len(text) / 6
+        assert response.response.headers["x-voxmux-replica"]
+        heard = hear(audio.samples, audio.sample_rate).text
+        assert word_error_rate(text, heard) < 0.4, heard
+
+
+def test_streaming_reaches_the_client_before_the_whole_audio(cluster: Deployed) -> None:
+    speech(cluster, "piper", "Warm.").raise_for_status()  # placement and load are not measured
+    client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="unused", max_retries=0)
+    started = time.perf_counter()
+    arrivals: list[float] = []
+    body = b""
+    with client.audio.speech.with_streaming_response.create(
+        model="tts-1", voice="alloy", input=unique(TEN), response_format="pcm"
+    ) as response:
+        rate = int(response.headers["x-sample-rate"])
+        for chunk in response.iter_bytes():
+            arrivals.append(time.perf_counter() - started)
+            body += chunk
+    assert len(arrivals) >= 5
+    assert arrivals[0] < arrivals[-1] / 3, arrivals
+    audio = decode(body, "pcm", pcm_rate=rate)
+    assert len(TEN) / 25 < audio.duration < len(TEN) / 6 and audio.rms > 0.01
+
+
+def served(deployed: Deployed, model: str) -> dict[str, int]:
+    return {r["id"]: r["models"].get(model, {}).get("served", 0)
+            for r in cluster_state(deployed.url)}
+
+
+def test_requests_go_to_the_replica_that_holds_the_model(cluster: Deployed) -> None:
+    speech(cluster, "piper", unique("Place the model.")).raise_for_status()
+    assert until(lambda: holders(cluster.url, "piper"))
+    (holder,) = holders(cluster.url, "piper")
+    before = served(cluster, "piper")
+    for _ in range(6):
+        assert speech(cluster, "piper", unique("Route me to the holder.")).status_code == 200
+    assert until(lambda: served(cluster, "piper")[holder] - before[holder] == 6)
+    after = served(cluster, "piper")
+    assert {r: after[r] - before.get(r, 0) for r in after} == {
+        r: (6 if r == holder else 0) for r in after}
+    with cluster.client() as http:
+        card = http.get("/v1/models/piper").json()
+        health = http.get("/health").json()
+        metrics = http.get("/metrics").text
+    assert card["status"] == "ready" and card["replicas"] == [holder]
+    assert health["status"] == "ok" and len(health["cluster"]["replicas"]) == 2
+    assert 'voxmux_replica_model_loaded{model="piper",' in metrics
+    assert f'replica="{holder}"}} 1.0' in metrics and "voxmux_replicas 2.0" in metrics
+
+
+def test_a_cache_hit_is_served_by_the_other_ingress_replica(cluster: Deployed) -> None:
+    text = unique("Cached once, served from any replica.")
+    first = speech(cluster, "piper", text, fmt="mp3")
+    assert first.headers["x-voxmux-cache"] == "miss"
+    renders = sum(served(cluster, "piper").values())
+    for _ in range(40):  # Serve's proxy picks an ingress replica; wait for the other one
+        again = speech(cluster, "piper", text, fmt="mp3")
+        if again.headers["x-voxmux-replica"] != first.headers["x-voxmux-replica"]:
+            break
+    assert again.headers["x-voxmux-replica"] != first.headers["x-voxmux-replica"]
+    assert again.headers["x-voxmux-cache"] == "hit" and again.content == first.content
+    assert sum(served(cluster, "piper").values()) == renders  # no engine was asked
+    as_wav = speech(cluster, "piper", text, fmt="wav")
+    assert as_wav.headers["x-voxmux-cache"] == "hit"
+
+
+def test_a_cancelled_stream_stops_its_engine_on_the_replica(cluster: Deployed) -> None:
+    speech(cluster, "piper", unique("Warm.")).raise_for_status()
+    (holder,) = holders(cluster.url, "piper")
+
+    def piper_on_holder() -> dict[str, Any]:
+        state = next(r for r in cluster_state(cluster.url) if r["id"] == holder)
+        return dict(state["models"]["piper"])
+
+    rendered = piper_on_holder()["rendered"]
+    text = unique(" ".join(SENTENCES * 4))
+    with cluster.client() as http, http.stream("POST", "/v1/audio/speech", json={
+        "model": "piper", "voice": "alloy", "input": text, "response_format": "pcm"}
+    ) as response:
+        segments = int(response.headers["x-voxmux-segments"])
+        next(response.iter_bytes())
+    def stopped() -> bool:
+        state = piper_on_holder()
+        return state["refcount"] == 0 and state["in_flight"] == 0
+
+    assert until(stopped)  # the replica's session ended: lease and engine call released
+    assert piper_on_holder()["rendered"] - rendered < segments / 2
+
+
+def test_cancel_by_id_reaches_the_ingress_replica_running_the_request(cluster: Deployed
+                                                                      ) -> None:
+    """The cancel lands on whichever ingress replica Serve's proxy picks; the request may run on
+    the other one. Tried until the two differ (each try has even odds)."""
+    speech(cluster, "piper", unique("Warm.")).raise_for_status()
+    for attempt in range(12):
+        request_id = f"cancel-{attempt}-{random.randrange(10**9)}"
+        with cluster.client() as http, http.stream("POST", "/v1/audio/speech", json={
+            "model": "piper", "voice": "alloy", "input": unique(" ".join(SENTENCES * 4)),
+            "response_format": "pcm"}, headers={"X-Request-ID": request_id}
+        ) as response:
+            segments = int(response.headers["x-voxmux-segments"])
+            chunks = response.iter_bytes()
+            received = len(next(chunks))
+            with cluster.client() as other:
+                cancel = other.post(f"/v1/audio/requests/{request_id}/cancel")
+            if cancel.headers["x-voxmux-replica"] == response.headers["x-voxmux-replica"]:
+                continue  # the same replica: not what this test is about
+            assert cancel.status_code == 200, cancel.text
+            assert cancel.json() == {"id": request_id, "cancelled": True, "requests": 1}
+            with contextlib.suppress(httpx.HTTPError):  # a cancelled stream is cut short
+                for chunk in chunks:
+                    received += len(chunk)
+        rate = int(response.headers["x-sample-rate"])
+        full = segments * 2.5 * rate * 2  # at least 2.5 s of pcm per sentence if it ran out
+        assert received < full / 2
+        return
+    pytest.fail("every cancel reached the replica that ran the request")
+
+
+def test_overload_is_a_429_with_retry_after(cluster: Deployed) -> None:
+    results: list[httpx.Response] = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        response = speech(cluster, "piper", unique(TEN), fmt="pcm")
+        with lock:
+            results.append(response)
+
+    threads = [threading.Thread(target=one) for _ in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    refused = [r for r in results if r.status_code == 429]
+    done = [r for r in results if r.status_code == 200]
+    assert len(results) == 12 and len(refused) + len(done) == 12, [
+        (r.status_code, r.text[:300]) for r in results if r.status_code != 200]
+    assert refused and done
+    for response in refused:
+        error = response.json()["error"]
+        assert int(response.headers["retry-after"]) >= 1
+        assert error["type"] and error["code"] and "capacity" in error["message"]
+    for response in done:
+        audio = decode(response.content, "pcm", pcm_rate=int(response.headers["x-sample-rate"]))
+        assert audio.duration > len(TEN) / 25
+
+
+def test_admin_routes_say_the_cluster_places_models(cluster: Deployed) -> None:
+    with cluster.client() as http:
+        unload = http.post("/v1/models/piper/unload")
+        loaded = http.post("/v1/models/espeak/load")
+    assert unload.status_code == 400 and unload.json()["error"]["code"] == "cluster_managed"
+    assert loaded.status_code == 200 and loaded.json()["status"] == "ready"
+    assert loaded.json()["replicas"]
+
+
+def test_studio_clips_are_found_by_every_ingress_replica(cluster: Deployed) -> None:
+    with cluster.client() as http:
+        assert "VoxMux" in http.get("/").text
+        result = http.post("/studio/generate", headers={"HX-Request": "true"}, data={
+            "model": "piper", "text": "The studio speaks on the cluster.", "format": "mp3",
+            "speed": "1.0"})
+        assert result.status_code == 200, result.text
+        match = re.search(r'<audio id="player"[^>]*src="([^"]+)"', result.text)
+        assert match, result.text
+        answered = set()
+        for _ in range(16):
+            clip = http.get(match[1])
+            assert clip.status_code == 200
+            answered.add(clip.headers["x-voxmux-replica"])
+    assert len(answered) == 2  # both ingress replicas served the clip one of them made
+    audio = decode(clip.content, "mp3")
+    assert audio.sample_rate == 22050 and audio.duration > 1 and audio.rms > 0.01
+
+
+def test_streamed_text_over_websocket_speaks_each_sentence(cluster: Deployed) -> None:
+    frames: list[dict[str, Any]] = []
+    pcm = b""
+    with connect(cluster.url.replace("http", "ws") + "/ws/v1/tts/text") as ws:
+        ws.send(json.dumps({"model": "piper", "voice": "alloy"}))
+        for token in ["The first sen", "tence arrives. ", "Then a second ", "one follows."]:
+            ws.send(json.dumps({"text": token}))
+        ws.send(json.dumps({"type": "end"}))
+        for message in ws:
+            if isinstance(message, bytes):
+                pcm += message
+                continue
+            frames.append(json.loads(message))
+            if frames[-1]["type"] in ("done", "error", "cancelled"):
+                break
+    kinds = [f["type"] for f in frames]
+    assert kinds[0] == "started" and kinds[-1] == "done", frames
+    assert kinds.count("segment") == 2
+    audio = decode(pcm, "pcm", pcm_rate=frames[0]["sample_rate"])
+    heard = hear(audio.samples, audio.sample_rate).text
+    assert word_error_rate("The first sentence arrives. Then a second one follows.", heard) < 0.4
+
+
+def test_an_evicted_model_finishes_the_stream_it_serves(cluster: Deployed) -> None:
+    """One engine replica holding one model: espeak evicts piper while piper streams a long
+    text; piper is unloaded only when that stream has ended, and its body is whole."""
+    narrow = cluster.settings.model_copy(update={
+        "ray_engine_replicas": 1, "ray_ingress_replicas": 1, "cache_url": None,
+        "cache_max_items": 0})
+    launch.deploy(narrow)
+    wait_healthy(cluster.url, replicas=1)
+    last = "The very last sentence is about purple elephants."
+    text = " ".join([*SENTENCES, *SENTENCES, *SENTENCES, last])
+
+    def piper_here() -> dict[str, Any]:
+        (replica,) = cluster_state(cluster.url)
+        return dict(replica["models"].get("piper", {}))
+
+    body = b""
+    with cluster.client() as http, http.stream("POST", "/v1/audio/speech", json={
+        "model": "piper", "voice": "alloy", "input": text, "response_format": "pcm"}
+    ) as response:
+        rate = int(response.headers["x-sample-rate"])
+        segments = int(response.headers["x-voxmux-segments"])
+        chunks = response.iter_bytes()
+        body += next(chunks)
+        assert http.post("/v1/audio/speech", json={
+            "model": "espeak", "input": "Make room.", "response_format": "wav"}
+        ).status_code == 200
+        evicted = until(lambda: piper_here().get("draining"), timeout=10, every=0.05)
+        held = piper_here()
+        for chunk in chunks:
+            body += chunk
+    assert evicted and held["status"] == "ready" and held["refcount"] == 1, held
+    audio = decode(body, "pcm", pcm_rate=rate)
+    assert len(text) / 25 < audio.duration < len(text) / 6 and segments >= 20
+    tail = audio.samples[-int(5 * rate):]
+    assert "elephants" in hear(tail, rate).text.lower()
+
+    def piper_gone() -> bool:
+        (replica,) = cluster_state(cluster.url)
+        return "piper" not in replica["holds"]
+
+    assert until(piper_gone)  # unloaded once its stream ended: nothing is kept past the bound
+    (replica,) = cluster_state(cluster.url)
+    assert replica["holds"] == ["espeak"]
