@@ -60,3 +60,30 @@ def test_native_routes_keep_the_engine_rate(server: LiveServer) -> None:
                                               "format": "pcm"})
     assert legacy.headers["x-sample-rate"] == "22050"
     assert legacy.headers["content-type"] == "audio/pcm;rate=22050"
+
+
+# -- models and voices as OpenAI clients and Open WebUI read them --------------------------------
+
+
+def test_sdk_lists_and_retrieves_every_alias(server: LiveServer) -> None:
+    client = sdk(server)
+    listed = {model.id: model for model in client.models.list()}
+    assert {"kokoro", "piper", "espeak", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"} <= set(listed)
+    assert (listed["tts-1"].model_extra or {})["alias_of"] == "piper"
+    assert (listed["gpt-4o-mini-tts"].model_extra or {})["alias_of"] == "kokoro"
+    assert client.models.retrieve("tts-1").id == "tts-1"
+    assert client.models.retrieve("piper").id == "piper"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("tts-9")
+
+
+def test_open_webui_reads_voices_and_models(server: LiveServer) -> None:
+    """Open WebUI's OpenAI TTS code: `{v["id"]: v["name"] for v in GET /audio/voices ["voices"]}`
+    (no model parameter) and `GET /audio/models` ["models"] for its pickers."""
+    with server.client() as http:
+        body = http.get("/v1/audio/voices").json()
+        models = http.get("/v1/audio/models").json()
+    picker = {voice["id"]: voice["name"] for voice in body["voices"]}
+    assert {"jf_alpha", "en_US-joe-medium", "en-us"} <= set(picker)
+    assert body["voices"] == body["data"]
+    assert {"tts-1", "tts-1-hd", "kokoro"} <= {m["id"] for m in models["models"]}
