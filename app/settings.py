@@ -90,6 +90,10 @@ class Settings(BaseSettings):
     request_timeout: float = Field(120, gt=0)
     """Seconds one segment may wait for its turn and synthesize; a request that makes no
     progress for that long is stopped (504). A long text that keeps speaking is never cut."""
+    unknown_voice: Literal["error", "default"] = "error"
+    """A voice the model does not have: `error` refuses the request (400, param `voice`);
+    `default` speaks the model's default voice and names the substitution in
+    `X-VoxMux-Warnings`."""
     default_model: str = "kokoro"
     """Model (id or alias) for `POST /v1/synth` and `GET /api/tts` requests that name none."""
 

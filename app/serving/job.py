@@ -83,6 +83,11 @@ class SpeechPlan:
         return self.handle.id
 
     @property
+    def speed(self) -> float:
+        """The tempo asked for: the engine's part times the stretch."""
+        return self.native_speed * self.stretch
+
+    @property
     def engine(self) -> Engine:
         return self.handle.engine
 
@@ -313,7 +318,8 @@ class SpeechJob:
     async def _synthesize(self) -> None:
         plan = self.plan
         lane = plan.handle.lane
-        pause = dsp.pause(self.sample_rate, self._context.pause_ms)
+        # Pauses are part of the speech's tempo: at twice the speed they last half as long.
+        pause = dsp.pause(self.sample_rate, self._context.pause_ms / plan.speed)
         keep: list[tuple[Audio, ...]] | None = [] if self._cache_key is not None else None
         size = 0
         async with lane.admitted(self.ticket):
@@ -382,7 +388,10 @@ class SpeechJob:
 
     def _finish_chunk(self, chunk: Audio) -> Audio:
         rate = self.sample_rate
-        audio = dsp.trim_silence(chunk, rate)
+        # The silence kept around the sound scales with the tempo, like the speech inside it
+        # (here with the engine's part; the stretch below scales it with the rest).
+        keep_ms = dsp.KEEP_MS / self.plan.native_speed
+        audio = dsp.trim_silence(chunk, rate, keep_ms=keep_ms)
         if abs(self.plan.stretch - 1.0) > 1e-3:
             audio = dsp.time_stretch(audio, self.plan.stretch, rate)
         return dsp.fade_edges(dsp.peak_limit(audio), rate)

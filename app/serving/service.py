@@ -22,7 +22,7 @@ from app.serving.tracking import RequestRecord, ServingStats
 from app.settings import Settings
 from app.text.feed import TextFeed
 from app.text.split import split_text
-from engines.base import InvalidParameter, SynthesisRequest
+from engines.base import InvalidParameter, SynthesisRequest, VoiceNotFound
 from engines.registry import EngineRegistry, ModelHandle, ModelStatus
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class SpeechService:
             max_chars=plan.engine.capabilities.max_segment_chars,
             first_max_chars=self.settings.first_segment_chars,
         )
-        self._validate(plan, plan.segments[0])
+        self._validate_voice(plan, plan.segments[0])
         return plan
 
     def plan_stream(self, *, model: str, voice: str | None = None, speed: float = 1.0,
@@ -105,7 +105,7 @@ class SpeechService:
             first_max_chars=self.settings.first_segment_chars,
             max_pending=self.settings.ws_max_pending_chars,
         )
-        self._validate(plan, "Hello.")
+        self._validate_voice(plan, "Hello.")
         return plan
 
     def _plan(self, model: str, text: str, voice: str | None, speed: float,
@@ -129,6 +129,23 @@ class SpeechService:
             language=language,
             warnings=warnings,
         )
+
+    def _validate_voice(self, plan: SpeechPlan, sample: str) -> None:
+        """Validate; a voice the model lacks is refused, or with `unknown_voice=default`
+        replaced by the model's default voice and named in the warnings."""
+        try:
+            self._validate(plan, sample)
+        except VoiceNotFound as exc:
+            default = plan.handle.entry.default_voice
+            hint = (f"{exc.message}. GET /v1/audio/voices?model={plan.model_id} lists its voices; "
+                    "other names can be mapped in the catalogue's [voice_aliases]")
+            if self.settings.unknown_voice != "default" or plan.voice == default:
+                raise VoiceNotFound(hint, param="voice", code=exc.code) from exc
+            plan.warnings.append(
+                f"voice '{plan.voice}' is not a {plan.model_id} voice; spoke {default} instead"
+            )
+            plan.voice = default
+            self._validate(plan, sample)
 
     @staticmethod
     def _validate(plan: SpeechPlan, sample: str) -> None:

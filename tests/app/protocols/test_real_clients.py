@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
-from tests.conftest import LiveServer, decode
+from app.resources import CONFIG
+from app.serving.catalogue import Catalogue
+from tests.conftest import LiveServer, decode, start_server, test_settings
 
 TEXT = "The quick brown fox jumps over the lazy dog. It was a sunny day in the park."
 
@@ -87,3 +91,90 @@ def test_open_webui_reads_voices_and_models(server: LiveServer) -> None:
     assert {"jf_alpha", "en_US-joe-medium", "en-us"} <= set(picker)
     assert body["voices"] == body["data"]
     assert {"tts-1", "tts-1-hd", "kokoro"} <= {m["id"] for m in models["models"]}
+
+
+# -- voices: OpenAI's 400, the operator's aliases and policy -------------------------------------
+
+
+def test_unknown_voice_is_openais_bad_request(server: LiveServer) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        sdk(server).audio.speech.create(model="tts-1", voice="nobody", input="Hello.")
+    error = caught.value.body
+    assert isinstance(error, dict)
+    assert (error["type"], error["param"], error["code"]) == (
+        "invalid_request_error", "voice", "voice_not_found")
+    assert "nobody" in error["message"] and "[voice_aliases]" in error["message"]
+
+
+def seed_catalogue(tmp: Path) -> Path:
+    """The shipped catalogue with its commented seed lines switched on, as the README says."""
+    text = (CONFIG / "models.toml").read_text(encoding="utf-8")
+    text = text.replace('# tsukuyomi = "jf_alpha"', 'tsukuyomi = "jf_alpha"')
+    text = text.replace('# zm_010 = "jm_kumo"', 'zm_010 = "jm_kumo"')
+    path = tmp / "models.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_catalogue_voice_aliases_reach_every_model(tmp_path: Path) -> None:
+    path = seed_catalogue(tmp_path)
+    path.write_text(path.read_text().replace(
+        'zm_010 = "jm_kumo"', 'zm_010 = "jm_kumo"\nnarrator = "fable"'))
+    catalogue = Catalogue.load(path)
+    assert catalogue.voice_aliases["tsukuyomi"] == "jf_alpha"
+    kokoro, espeak = catalogue.models["kokoro"], catalogue.models["espeak"]
+    assert kokoro.voice_map["tsukuyomi"] == "jf_alpha"
+    # an alias to an OpenAI name goes through each model's own table
+    assert kokoro.voice_map["narrator"] == kokoro.voice_map["fable"] == "jf_tebukuro"
+    assert espeak.voice_map["narrator"] == "en-gb+m2"
+
+
+def test_seed_examples_speak_with_the_catalogue_lines(tmp_path: Path) -> None:
+    """HayaKoe's `speaker_name=tsukuyomi` and AngeVoice's `zm_010`, with the README's two lines;
+    and `VOXMUX_UNKNOWN_VOICE=default` speaks an unmapped name with the default voice."""
+    live = start_server(test_settings(tmp_path, catalogue=seed_catalogue(tmp_path),
+                                      preload=[], unknown_voice="default"))
+    try:
+        hayakoe = httpx.get(live.url + "/api/tts", timeout=120,
+                            params={"text": "こんにちは", "speaker_name": "tsukuyomi"})
+        with live.client() as http:
+            angevoice = http.post("/v1/audio/speech", json={
+                "model": "kokoro", "input": "你好世界", "voice": "zm_010",
+                "response_format": "wav"})
+            unmapped = http.post("/v1/audio/speech", json={
+                "model": "tts-1", "input": "Hello there.", "voice": "nobody",
+                "response_format": "wav"})
+    finally:
+        live.stop()
+    assert hayakoe.status_code == 200 and hayakoe.headers["x-voxmux-voice"] == "jf_alpha"
+    assert decode(hayakoe.content, "wav").rms > 0.01
+    assert angevoice.status_code == 200 and angevoice.headers["x-voxmux-voice"] == "jm_kumo"
+    assert decode(angevoice.content, "wav").rms > 0.01
+    assert unmapped.status_code == 200
+    assert unmapped.headers["x-voxmux-voice"] == "en_US-joe-medium"
+    assert "voice 'nobody'" in unmapped.headers["x-voxmux-warnings"]
+    assert decode(unmapped.content, "wav").rms > 0.01
+
+
+# -- speed: the duration ratio asked for, on every model -----------------------------------------
+
+SPEEDS = (0.25, 0.5, 0.8, 1.5, 2.0, 3.0, 4.0)
+SPEED_TEXT = ("The quick brown fox jumps over the lazy dog. It was a sunny day in the park, "
+              "and everyone was happy to be outside.")
+
+
+@pytest.mark.parametrize("model", ["piper", "kokoro", "espeak"])
+def test_speed_gives_the_asked_duration_ratio(server: LiveServer, model: str) -> None:
+    """Audio at speed s lasts 1/s of the audio at speed 1, within 5%, over 0.25-4.0."""
+    def seconds(speed: float) -> float:
+        with server.client() as http:
+            response = http.post("/v1/audio/speech", json={
+                "model": model, "input": SPEED_TEXT, "voice": "alloy", "speed": speed,
+                "response_format": "wav"})
+        assert response.status_code == 200, response.text
+        return decode(response.content, "wav").duration
+
+    normal = seconds(1.0)
+    ratios = {speed: normal / seconds(speed) for speed in SPEEDS}
+    off = {speed: round(ratio / speed - 1, 3) for speed, ratio in ratios.items()}
+    assert all(abs(error) <= 0.05 for error in off.values()), off

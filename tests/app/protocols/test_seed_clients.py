@@ -255,10 +255,10 @@ def test_hayakoe_one_shot_wav(server: LiveServer) -> None:
 
 
 @pytest.mark.parametrize("path", ["/api/tts", "/api/tts/stream"])
-def test_hayakoe_unknown_speaker_is_404(server: LiveServer, path: str) -> None:
+def test_hayakoe_unknown_speaker_is_400(server: LiveServer, path: str) -> None:
     response = httpx.get(server.url + path, params={
         "text": "Hello.", "speaker_name": "tsukuyomi", "model": "piper"})
-    assert response.status_code == 404
+    assert response.status_code == 400
     error = response.json()["error"]
     assert error["code"] == "voice_not_found" and "tsukuyomi" in error["message"]
 
