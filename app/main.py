@@ -11,6 +11,7 @@ from fastapi import Depends, FastAPI
 
 from app.http import errors
 from app.http.auth import Authenticator, install_log_redaction, require_synthesis, resolve_keys
+from app.http.compat import ErrorDetail, Http10Bodies
 from app.http.limits import BodyLimitMiddleware, WebSocketSendTimeout
 from app.http.requestid import RequestIdMiddleware
 from app.routes import cancel, health, models, monitoring, native, session, speech, studio, ws
@@ -108,6 +109,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(WebSocketSendTimeout, seconds=settings.ws_send_timeout)
+    app.add_middleware(ErrorDetail, paths=("/api/tts",))  # HayaKoe's clients read `detail`
+    app.add_middleware(Http10Bodies)  # no chunked encoding for HTTP/1.0 clients
     app.add_middleware(RequestIdMiddleware)  # outermost: the 413 above carries the id too
     guarded = [Depends(require_synthesis)]  # WebSocket routes call authorize_websocket instead
     for module in (speech, models, cancel, native):

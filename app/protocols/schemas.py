@@ -230,11 +230,13 @@ class RescanResponse(BaseModel):
     data: list[ModelRescanCard]
 
 
-HealthStatus = Literal["ok", "idle", "loading", "degraded"]
+HealthStatus = Literal["ok", "loading", "degraded"]
 
 
 class Health(BaseModel):
     status: HealthStatus
+    idle: bool = False
+    """No model is loaded now: the server is healthy, and the next request loads its model."""
     profile: str
     models: dict[str, dict[str, Any]]
     warnings: list[str] = []

@@ -104,6 +104,8 @@ class AudioOut:
         self._ws = ws
         self._as_json = as_json
         self._encoder = StreamEncoder("wav" if wav else "pcm", sample_rate)
+        self.frames = 0
+        """Audio frames sent so far (binary or JSON)."""
 
     async def header(self) -> None:
         """The WAV header (streaming sizes) for `format: wav`; nothing for raw PCM."""
@@ -116,6 +118,7 @@ class AudioOut:
             await self._send(data[start : start + FRAME_BYTES])
 
     async def _send(self, data: bytes) -> None:
+        self.frames += 1
         if self._as_json is None:
             await self._ws.send_bytes(data)
         else:

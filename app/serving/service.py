@@ -174,7 +174,7 @@ class SpeechService:
             if not tickets:
                 del self._by_request_id[job.plan.request_id]
         self.stats.close(job.record, job.stats)
-        self.metrics.observe_request(job.plan.model_id, job.stats)
+        self.metrics.observe_request(job.plan.model_id, job.stats, job.plan.voice)
 
     def cache_key(self, plan: SpeechPlan) -> str:
         request = SynthesisRequest(text="", voice=plan.voice)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 from pathlib import Path
 
 import httpx
@@ -135,6 +136,8 @@ def test_seed_examples_speak_with_the_catalogue_lines(tmp_path: Path) -> None:
     live = start_server(test_settings(tmp_path, catalogue=seed_catalogue(tmp_path),
                                       preload=[], unknown_voice="default"))
     try:
+        health = httpx.get(live.url + "/health").json()  # nothing loaded: still ok
+        assert (health["status"], health["idle"]) == ("ok", True)
         hayakoe = httpx.get(live.url + "/api/tts", timeout=120,
                             params={"text": "こんにちは", "speaker_name": "tsukuyomi"})
         with live.client() as http:
@@ -178,3 +181,37 @@ def test_speed_gives_the_asked_duration_ratio(server: LiveServer, model: str) ->
     ratios = {speed: normal / seconds(speed) for speed in SPEEDS}
     off = {speed: round(ratio / speed - 1, 3) for speed, ratio in ratios.items()}
     assert all(abs(error) <= 0.05 for error in off.values()), off
+
+
+# -- HTTP/1.0 clients ------------------------------------------------------------------------------
+
+
+def http10(server: LiveServer, request: bytes) -> tuple[str, dict[str, str], bytes]:
+    """Send `request` as an HTTP/1.0 client does and read until the server closes."""
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=120) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+    return status, headers, body
+
+
+def test_http10_clients_get_a_body_they_can_read(server: LiveServer) -> None:
+    payload = json.dumps({"model": "tts-1", "input": TEXT, "voice": "alloy",
+                          "response_format": "wav"}).encode()
+    status, headers, body = http10(server, b"POST /v1/audio/speech HTTP/1.0\r\n"
+                                   b"Content-Type: application/json\r\n"
+                                   b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n"
+                                   + payload)
+    assert status.split()[1] == "200"
+    assert "transfer-encoding" not in headers
+    assert int(headers["content-length"]) == len(body)
+    assert decode(body, "wav").rms > 0.01
+    status, headers, body = http10(
+        server, b"GET /api/tts/stream?model=tts-1&text=Hello%20there. HTTP/1.0\r\n\r\n")
+    assert status.split()[1] == "200" and "transfer-encoding" not in headers
+    assert int(headers["content-length"]) == len(body) and decode(body, "wav").rms > 0.01

@@ -83,7 +83,7 @@ def test_load_unload_and_switch(server: LiveServer) -> None:
 def test_health(server: LiveServer) -> None:
     with server.client() as http:
         body = http.get("/health").json()
-    assert body["status"] in {"ok", "idle"}
+    assert body["status"] == "ok" and body["idle"] is False
     assert body["profile"] == "cpu"
     assert body["models"]["kokoro"]["status"] == "ready"
 
