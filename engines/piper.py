@@ -133,6 +133,9 @@ def scan_voice_dir(folder: Path | None) -> tuple[dict[str, PiperModel], dict[str
 
 class PiperEngine:
     name = "piper"
+    # Piper slows down by its own length scale (corrected by `length_factor`, within 2-3%); to
+    # speed up it would squeeze most symbols into one frame, where no scale keeps the tempo
+    # (2.0 gave 1.6-1.8x), so the time-stretch speeds it up instead.
     capabilities = Capabilities(
         speed_range=(0.5, 1.0), languages=("en-us",), multi_speaker=True, max_segment_chars=400
     )
