@@ -80,7 +80,9 @@ def test_settings(tmp: Path, **overrides: Any) -> Settings:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    live = start_server(test_settings(tmp_path_factory.mktemp("server")))
+    # Never idle out: the suite runs longer than the default TTL, and its tests expect the
+    # preloaded model to stay loaded.
+    live = start_server(test_settings(tmp_path_factory.mktemp("server"), idle_ttl=-1))
     yield live
     live.stop()
 

@@ -50,7 +50,8 @@ def test_served_speech_is_heard_as_well_as_the_raw_engine(server: LiveServer, mo
     for sentence in SENTENCES:
         audio = engine.synthesize(SynthesisRequest(text=sentence, voice=VOICES[model]))
         raw.append(wer(sentence, audio, engine.sample_rate))
-    served_mean, raw_mean = float(np.mean(served)), float(np.mean(raw))
     report = {"served": [round(x, 2) for x in served], "raw": [round(x, 2) for x in raw]}
-    assert served_mean <= raw_mean + 0.1, report
-    assert served_mean <= 0.35, report
+    # Medians: Whisper now and then hallucinates a run of digits on one robotic sentence (served
+    # or raw alike); a fault in serving (wrong rate, clicks, cut words) spoils most of them.
+    assert np.median(served) <= np.median(raw) + 0.1, report
+    assert np.median(served) <= 0.25 and np.mean(served) <= 0.5, report

@@ -5,7 +5,7 @@ Every route reads the same `SpeechJob`, whose per-segment timeout is the only on
 (streamed HTTP and SSE through `JobResponse`, whole clips through `whole_clip`, both WebSocket
 framings through one session loop). So the cheap engine, eSpeak NG, runs the 4,096-character
 text on every route; Piper runs it once per kind of consumer (streamed HTTP, whole clip,
-WebSocket) with a timeout far below the request's length; Kokoro, which takes minutes on this
+WebSocket) with a timeout below the request's length; Kokoro, which takes minutes on this
 machine, runs it once with default settings, on LunaVox's whole-file `/v1/synth` (the case that
 used to answer 504).
 """
@@ -71,7 +71,7 @@ def sse_route(server: LiveServer, model: str) -> Decoded:
 
 def synth_route(server: LiveServer, model: str) -> Decoded:
     response = httpx.post(server.url + "/v1/synth", json={"text": TEXT, "model": model},
-                          timeout=600)
+                          timeout=1500)  # Kokoro on a busy 2-core machine: many minutes
     assert response.status_code == 200, response.text
     return decode(response.content, "wav")
 
@@ -126,9 +126,10 @@ ROUTES: dict[str, Route] = {
     "lunavox-ws": lunavox_ws_route,
 }
 
-PIPER_TIMEOUT = 4.0
-"""Far above one Piper segment (about a second for 400 characters here), far below the whole
-text (4 minutes of audio at ~20x real time: 12 s or more)."""
+PIPER_TIMEOUT = 8.0
+"""Far above one Piper segment (about a second for 400 characters here, 4 s with the machine
+shared by a few test suites), below the whole text (4 minutes of audio at ~20x real time: 12 s
+or more)."""
 
 
 @pytest.fixture(scope="module")
@@ -151,10 +152,10 @@ def test_a_long_text_outlives_the_timeout(short_timeout: LiveServer, route: str)
     audio = ROUTES[route](short_timeout, "piper")
     elapsed = time.monotonic() - started
     assert_whole(audio)
-    assert elapsed > 2 * PIPER_TIMEOUT, elapsed  # the request itself lasted longer
+    assert elapsed > PIPER_TIMEOUT, elapsed  # the request itself lasted longer
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)
 def test_kokoro_longest_input_on_the_whole_file_route(tmp_path: Path) -> None:
     """Default settings: minutes of Kokoro synthesis (100 s on an idle machine here, more on a
     busy one) answered whole, where a whole-request timeout used to answer 504."""
