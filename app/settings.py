@@ -82,8 +82,14 @@ class Settings(BaseSettings):
     """Longest `input` accepted by the speech routes."""
     max_request_bytes: int = Field(1 << 20, gt=0)
     """Largest HTTP request body accepted; a larger one is refused with 413 before it is read."""
-    first_segment_chars: int = Field(120, gt=10)
-    """Budget of the first text segment, kept short so the first audio arrives early."""
+    first_segment_chars: int = Field(30, gt=10)
+    """Budget of the first text segment, kept short so the first audio arrives early: the first
+    sentence when it fits, else cut at its last clause mark or word boundary within it."""
+    segment_growth: float = Field(2.0, ge=1.0)
+    """After the first segment of a whole text, each segment's budget is this many times the
+    one before (neighbouring sentences packed together, up to the engine's limit), so a long
+    text costs few engine calls; 1 keeps one sentence per segment. Streamed text is never
+    packed."""
     sentence_pause_ms: int = 250
     """Pause inserted between sentences of one request."""
     concurrency: int = Field(1, ge=1)
@@ -93,6 +99,10 @@ class Settings(BaseSettings):
     request_timeout: float = Field(120, gt=0)
     """Seconds one segment may wait for its turn and synthesize; a request that makes no
     progress for that long is stopped (504). A long text that keeps speaking is never cut."""
+    unknown_voice: Literal["error", "default"] = "error"
+    """A voice the model does not have: `error` refuses the request (400, param `voice`);
+    `default` speaks the model's default voice and names the substitution in
+    `X-VoxMux-Warnings`."""
     default_model: str = "kokoro"
     """Model (id or alias) for `POST /v1/synth` and `GET /api/tts` requests that name none."""
 

@@ -56,7 +56,8 @@ class RawPiper:
 
     def segments(self, text: str) -> list[str]:
         return split_text(text, max_chars=self.engine.capabilities.max_segment_chars,
-                          first_max_chars=self.settings.first_segment_chars)
+                          first_max_chars=self.settings.first_segment_chars,
+                          growth=self.settings.segment_growth)
 
     def request(self, text: str) -> Sample:
         started = time.perf_counter()

@@ -41,6 +41,11 @@ class LiveServer:
     def client(self, **kwargs: Any) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=120, **kwargs)
 
+    def segments(self, model: str, text: str) -> list[str]:
+        """How this server cuts `text` for `model` (its planner, its settings)."""
+        segments: list[str] = self.app.state.service.plan(model=model, text=text).segments
+        return segments
+
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
@@ -80,7 +85,9 @@ def test_settings(tmp: Path, **overrides: Any) -> Settings:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    live = start_server(test_settings(tmp_path_factory.mktemp("server")))
+    # Never idle out: the suite runs longer than the default TTL, and its tests expect the
+    # preloaded model to stay loaded.
+    live = start_server(test_settings(tmp_path_factory.mktemp("server"), idle_ttl=-1))
     yield live
     live.stop()
 

@@ -63,8 +63,12 @@ def time_stretch(samples: npt.ArrayLike, factor: float, sample_rate: int) -> Sam
     return out[hop : hop + out_len]
 
 
+KEEP_MS = 30.0
+"""Silence `trim_silence` keeps around the sound by default."""
+
+
 def trim_silence(
-    samples: npt.ArrayLike, sample_rate: int, threshold: float = 0.003, keep_ms: float = 30.0
+    samples: npt.ArrayLike, sample_rate: int, threshold: float = 0.003, keep_ms: float = KEEP_MS
 ) -> Samples:
     """Cut leading and trailing silence, keeping `keep_ms` around the sound.
 
@@ -77,7 +81,7 @@ def trim_silence(
 
 
 def voiced_span(
-    samples: npt.ArrayLike, sample_rate: int, threshold: float = 0.003, keep_ms: float = 30.0
+    samples: npt.ArrayLike, sample_rate: int, threshold: float = 0.003, keep_ms: float = KEEP_MS
 ) -> tuple[int, int]:
     """(start, end) of what `trim_silence` keeps; (0, len) for all-silent input."""
     x = _mono(samples)

@@ -5,6 +5,10 @@ Compressed formats go through PyAV muxers. Streamed ones write into `_Sink`, whi
 so a muxer never rewrites bytes already sent (MP3 then has no Xing header, which is valid).
 FLAC is the exception: with an unknown length in STREAMINFO libsndfile cannot read the file
 to its end, so its encoder keeps a seekable buffer and hands the whole file out in `finish`.
+
+A stream may be asked for a rate other than its input's (OpenAI's `pcm` is always 24 kHz):
+`_Resampler` converts it chunk by chunk with soxr, whose filter state runs across chunks, so the
+joins are exactly what one conversion of the whole clip would give (no clicks, no gaps).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import IO, Any, cast
 import av
 import numpy as np
 import numpy.typing as npt
+import soxr
 from av.audio.stream import AudioStream
 
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
@@ -30,6 +35,11 @@ CONTENT_TYPES: dict[str, str] = {
     "wav": "audio/wav",
     "pcm": "audio/pcm",
 }
+
+
+def content_type(fmt: str, sample_rate: int) -> str:
+    """The media type of `fmt`; raw pcm names its rate (`audio/pcm;rate=24000`)."""
+    return f"{CONTENT_TYPES[fmt]};rate={sample_rate}" if fmt == "pcm" else CONTENT_TYPES[fmt]
 
 _UNKNOWN_SIZE = 0xFFFFFFFF
 
@@ -192,44 +202,79 @@ def _check(fmt: str, sample_rate: int) -> None:
         raise ValueError(f"sample rate must be positive, got {sample_rate}")
 
 
+class _Resampler:
+    """Streaming sample-rate conversion (soxr, high quality): state carries across chunks; the
+    filter's delay is held back and comes out at `flush`."""
+
+    def __init__(self, in_rate: int, out_rate: int) -> None:
+        self._stream = soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality="HQ")
+
+    def convert(self, samples: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        if not samples.size:
+            return samples
+        out = self._stream.resample_chunk(np.ascontiguousarray(samples), last=False)
+        return np.asarray(out, dtype=np.float32)
+
+    def flush(self) -> npt.NDArray[np.float32]:
+        out = self._stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+        return np.asarray(out, dtype=np.float32)
+
+
 class StreamEncoder:
     """Encoder for one response; `encode` returns whatever bytes are ready now, maybe none.
 
     For wav the streaming header (sizes 0xFFFFFFFF) comes first: `encode` of an empty array
     returns just the header. `incremental` is False for flac, whose bytes all come from `finish`.
+    `rate`: the rate the output must carry; the input is resampled to it when it differs
+    (`resampling`). Otherwise the format decides: the input's rate, or one its codec supports.
     """
 
-    def __init__(self, fmt: str, sample_rate: int) -> None:
+    def __init__(self, fmt: str, sample_rate: int, rate: int | None = None) -> None:
         _check(fmt, sample_rate)
+        if rate is not None:
+            _check(fmt, rate)
         self.format = fmt
         self.sample_rate = sample_rate
+        feed_rate = rate or sample_rate
+        self._resampler = _Resampler(sample_rate, feed_rate) if feed_rate != sample_rate else None
         spec = _SPECS.get(fmt)
         self.incremental = spec is None or spec.incremental
         self._sink: _Sink | io.BytesIO = _Sink() if self.incremental else io.BytesIO()
-        self._av = _AvPipeline(spec, sample_rate, self._sink) if spec else None
-        self.output_sample_rate = self._av.output_rate if self._av else sample_rate
-        self._header = _wav_header(sample_rate, None) if fmt == "wav" else b""
+        self._av = _AvPipeline(spec, feed_rate, self._sink) if spec else None
+        self.output_sample_rate = self._av.output_rate if self._av else feed_rate
+        self._header = _wav_header(self.output_sample_rate, None) if fmt == "wav" else b""
         self._finished = False
+
+    @property
+    def resampling(self) -> bool:
+        return self._resampler is not None
 
     def encode(self, samples: npt.ArrayLike) -> bytes:
         if self._finished:
             raise RuntimeError("encoder already finished")
         mono = _mono(samples)
+        if self._resampler is not None:
+            mono = self._resampler.convert(mono)
+        return self._write(mono)
+
+    def finish(self) -> bytes:
+        if self._finished:
+            raise RuntimeError("encoder already finished")
+        tail = self._write(self._resampler.flush()) if self._resampler is not None else b""
+        self._finished = True
+        if self._av is not None:
+            self._av.close()
+            rest = self._sink.take() if isinstance(self._sink, _Sink) else self._sink.getvalue()
+            return tail + rest
+        return tail + self._header
+
+    def _write(self, mono: npt.NDArray[np.float32]) -> bytes:
         if self._av is not None:
             self._av.write(mono)
             return self._sink.take() if isinstance(self._sink, _Sink) else b""
         data = self._header + to_pcm16(mono)
         self._header = b""
         return data
-
-    def finish(self) -> bytes:
-        if self._finished:
-            raise RuntimeError("encoder already finished")
-        self._finished = True
-        if self._av is not None:
-            self._av.close()
-            return self._sink.take() if isinstance(self._sink, _Sink) else self._sink.getvalue()
-        return self._header
 
 
 def output_rate(fmt: str, sample_rate: int) -> int:

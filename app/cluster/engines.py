@@ -212,7 +212,8 @@ class Engines:
             models[handle.id] = ReplicaModel(
                 status=handle.status, refcount=handle.refcount, error=handle.error,
                 load_seconds=handle.load_seconds, running=lane.running, queued=lane.queued,
-                in_flight=lane.in_flight, draining=handle.id in self._draining,
+                in_flight=lane.in_flight, slots=handle.lane.concurrency,
+                draining=handle.id in self._draining,
                 served=self._served[handle.id], rendered=self._rendered[handle.id])
         return ReplicaState(self.replica, self.node, models, self._preloading, time.time())
 

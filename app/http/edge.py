@@ -14,6 +14,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from app.http import errors, openapi
 from app.http.auth import Authenticator, install_log_redaction, resolve_keys
+from app.http.compat import ErrorDetail, Http10Bodies
 from app.http.headers import SecurityHeaders
 from app.http.limits import BodyLimitMiddleware, BodyTimeout, WebSocketSendTimeout
 from app.http.origin import OriginGuard
@@ -41,6 +42,8 @@ def install(app: FastAPI, settings: Settings) -> Authenticator:
     app.add_middleware(WebSocketSendTimeout, seconds=settings.ws_send_timeout)
     explicit = [origin for origin in settings.cors_origins if origin != "*"]
     app.add_middleware(OriginGuard, auth=auth, allowed=settings.allowed_origins + explicit)
+    app.add_middleware(ErrorDetail, paths=("/api/tts",))  # HayaKoe's clients read `detail`
+    app.add_middleware(Http10Bodies)  # no chunked encoding for HTTP/1.0 clients
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(SecurityHeaders)
     if settings.cors_origins:

@@ -129,7 +129,8 @@ _SERVER = "server_error"
 TABLE: dict[type[Exception], ErrorKind] = {
     InvalidParameter: ErrorKind(400, _BAD, "invalid_value", lunavox_close=1003),
     ModelNotFound: ErrorKind(404, _BAD, "model_not_found", lunavox_close=1003),
-    VoiceNotFound: ErrorKind(404, _BAD, "voice_not_found", lunavox_close=1003),
+    # 400 as OpenAI answers it (the SDK's BadRequestError), not 404: the voice is a parameter.
+    VoiceNotFound: ErrorKind(400, _BAD, "voice_not_found", lunavox_close=1003),
     EngineBusy: ErrorKind(409, _BAD, "model_busy"),
     Overloaded: ErrorKind(429, "rate_limit_error", "queue_full", lunavox_close=1013),
     LoadFailed: ErrorKind(503, _SERVER, "model_load_failed"),

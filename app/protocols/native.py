@@ -14,7 +14,7 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import Response
 
-from app.audio.encoders import CONTENT_TYPES, encode_whole, output_rate
+from app.audio.encoders import content_type, encode_whole, output_rate
 from app.protocols.openai import job_headers
 from app.serving.job import SegmentWords, SpeechJob
 from engines.base import Audio, InvalidParameter, WordTiming
@@ -61,7 +61,8 @@ async def clip_response(job: SpeechJob, audio: Audio, fmt: str) -> Response:
     """The encoded clip with the job's headers and its stats in `X-VoxMux-Stats`."""
     # A whole clip through LAME or Opus takes long enough to stall every other stream.
     body = await asyncio.to_thread(encode_whole, audio, job.sample_rate, fmt)
-    headers = job_headers(job, output_rate(fmt, job.sample_rate))
+    rate = output_rate(fmt, job.sample_rate)
+    headers = job_headers(job, rate)
     assert job.stats is not None
     headers["X-VoxMux-Stats"] = compact(job.stats.envelope())
-    return Response(body, media_type=CONTENT_TYPES[fmt], headers=headers)
+    return Response(body, media_type=content_type(fmt, rate), headers=headers)

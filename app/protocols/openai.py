@@ -7,6 +7,10 @@ that fails to load, a voice the engine rejects) is still a proper error status. 
 hangs up cancels the job. A failure after the headers aborts a raw audio transfer (logged; the
 body is left unterminated, so no client takes the truncated audio for a whole file) or becomes
 an SSE `error` event.
+
+OpenAI defines `pcm` as 24 kHz s16le mono, and its clients (the SDKs, voice-agent frameworks)
+play it at 24 kHz without reading any header: on this route pcm is resampled to `PCM_RATE` from
+whatever rate the engine runs at. The native routes keep the engine's rate and state it.
 """
 
 from __future__ import annotations
@@ -21,13 +25,16 @@ import numpy as np
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from app.audio.encoders import CONTENT_TYPES, StreamEncoder
+from app.audio.encoders import StreamEncoder, content_type
 from app.http.errors import as_voxmux, error_body, error_response
 from app.protocols.timestamps import word_json
 from app.serving.job import JobEvent, SegmentWords, SpeechJob
 from engines.base import Audio, InvalidParameter
 
 log = logging.getLogger(__name__)
+
+PCM_RATE = 24_000
+"""The rate of OpenAI's `pcm` response format."""
 
 Body = Callable[[SpeechJob, AsyncIterator[JobEvent], StreamEncoder], AsyncIterator[bytes]]
 """Produces the body from the job's events (audio chunks, and the segment ends and words that
@@ -68,9 +75,10 @@ async def first_audio(job: SpeechJob, events: AsyncIterator[JobEvent]) -> list[J
 
 
 async def encode(encoder: StreamEncoder, chunk: Audio | None) -> bytes:
-    """Codec work (LAME, Opus, AAC, FLAC) runs in a worker thread, off the event loop; raw
-    formats are a copy and stay inline. `None` finishes the stream."""
-    if encoder.format in ("pcm", "wav"):
+    """Codec and resampler work (LAME, Opus, AAC, FLAC, soxr) runs in a worker thread, off the
+    event loop; raw formats at the input's rate are a copy and stay inline. `None` finishes the
+    stream."""
+    if encoder.format in ("pcm", "wav") and not encoder.resampling:
         return encoder.finish() if chunk is None else encoder.encode(chunk)
     if chunk is None:
         return await asyncio.to_thread(encoder.finish)
@@ -87,13 +95,14 @@ async def _watch_disconnect(receive: Receive, job: SpeechJob) -> None:
 class JobResponse(Response):
     """A `Response` only so FastAPI passes it through; it sends everything itself."""
 
-    def __init__(self, job: SpeechJob, fmt: str, body: Body, media_type: str,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(self, job: SpeechJob, fmt: str, body: Body, media_type: str | None = None,
+                 headers: dict[str, str] | None = None, rate: int | None = None) -> None:
+        """`media_type` None: the audio format's own; `rate`: resample the audio to it."""
         self.status_code = 200
         self.background = None
         self.job = job
-        self._content_type = media_type
-        self._encoder = StreamEncoder(fmt, job.sample_rate)
+        self._encoder = StreamEncoder(fmt, job.sample_rate, rate)
+        self._content_type = media_type or content_type(fmt, self._encoder.output_sample_rate)
         self._frame = body
         self._extra_headers = headers or {}
 
@@ -177,9 +186,18 @@ async def _sse_events(job: SpeechJob, events: AsyncIterator[JobEvent], encoder: 
     })
 
 
-def audio_response(job: SpeechJob, fmt: str) -> JobResponse:
-    return JobResponse(job, fmt, _audio_bytes, CONTENT_TYPES[fmt])
+def audio_response(job: SpeechJob, fmt: str, rate: int | None = None) -> JobResponse:
+    return JobResponse(job, fmt, _audio_bytes, rate=rate)
 
 
-def sse_response(job: SpeechJob, fmt: str) -> JobResponse:
-    return JobResponse(job, fmt, _sse_events, "text/event-stream", {"Cache-Control": "no-cache"})
+def sse_response(job: SpeechJob, fmt: str, rate: int | None = None) -> JobResponse:
+    return JobResponse(job, fmt, _sse_events, "text/event-stream", {"Cache-Control": "no-cache"},
+                       rate)
+
+
+def speech_response(job: SpeechJob, fmt: str, stream_format: str) -> JobResponse:
+    """OpenAI's speech route: audio or SSE, with `pcm` at OpenAI's 24 kHz."""
+    rate = PCM_RATE if fmt == "pcm" else None
+    if stream_format == "sse":
+        return sse_response(job, fmt, rate)
+    return audio_response(job, fmt, rate)

@@ -172,9 +172,12 @@ class ErrorResponse(BaseModel):
 
 class ModelCard(BaseModel):
     id: str
+    """The model id, or the alias asked for (`tts-1`)."""
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "voxmux"
+    alias_of: str | None = None
+    """For an alias: the model it names (its id); null for a model."""
     engine: str
     status: ModelStatus
     installed: bool = True
@@ -207,6 +210,19 @@ class VoiceCard(BaseModel):
 class VoiceList(BaseModel):
     object: Literal["list"] = "list"
     data: list[VoiceCard]
+    voices: list[VoiceCard]
+    """The same list under the key Open WebUI reads (it takes each voice's `id` and `name`)."""
+
+
+class AudioModel(BaseModel):
+    id: str
+    name: str
+
+
+class AudioModelList(BaseModel):
+    """`GET /v1/audio/models`, the shape Open WebUI reads for its TTS model picker."""
+
+    models: list[AudioModel]
 
 
 class SwitchRequest(Strict):
@@ -237,11 +253,13 @@ class RescanResponse(BaseModel):
     data: list[ModelRescanCard]
 
 
-HealthStatus = Literal["ok", "idle", "loading", "degraded"]
+HealthStatus = Literal["ok", "loading", "degraded"]
 
 
 class Health(BaseModel):
     status: HealthStatus
+    idle: bool = False
+    """No model is loaded now: the server is healthy, and the next request loads its model."""
     profile: str
     models: dict[str, dict[str, Any]]
     warnings: list[str] = []

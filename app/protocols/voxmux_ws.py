@@ -7,6 +7,11 @@ comes, and one final `done`, `error` or `cancelled` before the close. With `"tim
 audio sent before the cancel covered. Close codes: 1000 after a
 final frame about the request itself (request errors included, like an HTTP 4xx answer); a
 protocol breach or a server failure closes with the error table's code.
+
+AngeVoice's clients read the same socket with other names: its JSON audio frames' `data`, `index`
+(audio frame number) and `segment_index`, `started`'s `dtype` and
+`recommended_prebuffer_seconds`, `done`'s `total_segments` and `total_audio_chunks`. Those fields
+ride along in the same frames.
 """
 
 from __future__ import annotations
@@ -24,6 +29,10 @@ from app.serving.job import SegmentEnd, SegmentWords, SpeechJob, SpeechPlan
 from app.serving.service import SpeechService
 from engines.base import Cancelled, WordTiming
 
+PREBUFFER_SECONDS = 0.5
+"""Audio a player should hold before it starts (AngeVoice's `recommended_prebuffer_seconds`):
+audio comes a sentence at a time, each well ahead of real time on every embedded engine."""
+
 
 class VoxMuxFraming:
     def __init__(self, *, text_in: bool) -> None:
@@ -33,6 +42,7 @@ class VoxMuxFraming:
         self._out: AudioOut | None = None
         self._words: list[WordTiming] = []
         """Every word frame sent, for the `cancelled` frame."""
+        self._segment_index = 0
 
     def plan(self, service: SpeechService, options: BaseModel, text: str | None,
              request_id: str) -> SpeechPlan:
@@ -44,9 +54,15 @@ class VoxMuxFraming:
         return service.plan(**fields, text=text, request_id=request_id)
 
     def audio(self, ws: WebSocket, plan: SpeechPlan) -> AudioOut:
-        as_json = None if self.binary else base64_frame
+        as_json = None if self.binary else self._json_audio
         self._out = AudioOut(ws, plan.sample_rate, self.format == "wav", as_json)
         return self._out
+
+    def _json_audio(self, data: bytes) -> dict[str, Any]:
+        frame = base64_frame(data)
+        index = self._out.frames - 1 if self._out is not None else 0
+        return frame | {"data": frame["audio"], "index": index,
+                        "segment_index": self._segment_index}
 
     def started(self, job: SpeechJob) -> dict[str, Any]:
         plan = job.plan
@@ -58,6 +74,8 @@ class VoxMuxFraming:
             "sample_rate": plan.sample_rate,
             "channels": 1,
             "format": self.format,
+            "dtype": "int16",
+            "recommended_prebuffer_seconds": PREBUFFER_SECONDS,
             "warnings": plan.warnings,
         }
         if not self.text_in:
@@ -65,6 +83,7 @@ class VoxMuxFraming:
         return frame
 
     def segment(self, end: SegmentEnd) -> dict[str, Any]:
+        self._segment_index = end.index + 1
         return {"type": "segment", "index": end.index, "text": end.text, "samples": end.samples}
 
     def words(self, words: SegmentWords) -> dict[str, Any]:
@@ -81,6 +100,8 @@ class VoxMuxFraming:
         frame: dict[str, Any] = {"type": "done", "request_id": job.plan.request_id}
         if self.text_in:
             frame["sentences"] = job.segments
+        frame["total_segments"] = job.segments
+        frame["total_audio_chunks"] = self._out.frames if self._out is not None else 0
         return frame | {"stats": job.stats.envelope()}
 
     def failure(self, exc: BaseException, job: SpeechJob | None, audio_sent: bool) -> Closing:

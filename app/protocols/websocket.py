@@ -110,6 +110,8 @@ class AudioOut:
         self.sample_rate = sample_rate
         self.samples_sent = 0
         """Samples handed to the socket so far (the audio a cancel leaves the client with)."""
+        self.frames = 0
+        """Audio frames sent so far (binary or JSON)."""
 
     async def header(self) -> None:
         """The WAV header (streaming sizes) for `format: wav`; nothing for raw PCM."""
@@ -123,6 +125,7 @@ class AudioOut:
         self.samples_sent += len(samples)
 
     async def _send(self, data: bytes) -> None:
+        self.frames += 1
         if self._as_json is None:
             await self._ws.send_bytes(data)
         else:

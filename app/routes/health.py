@@ -1,4 +1,7 @@
-"""`GET /health`: ok when every preloaded model is ready, idle counts as healthy."""
+"""`GET /health`: `ok` whenever the server can serve, an idle one included (LunaVox's clients know
+`ok`, `loading` and `error`); `idle: true` says that no model is loaded (the next request loads
+its model). `loading` until the preloaded models are ready; `degraded` names a problem: a model
+in error, CUDA asked for but missing."""
 
 from __future__ import annotations
 
@@ -33,9 +36,8 @@ async def health(request: Request, service: ServiceDep) -> Health:
         status = "loading"
     elif warnings or any(v.status == "error" for v in views.values()):
         status = "degraded"
-    elif any(v.status == "ready" for v in views.values()):
-        status = "ok"
     else:
-        status = "idle"
-    return Health(status=status, profile=service.settings.profile, models=models,
+        status = "ok"
+    idle = not any(v.status == "ready" for v in views.values())
+    return Health(status=status, idle=idle, profile=service.settings.profile, models=models,
                   warnings=warnings, cluster=cluster)

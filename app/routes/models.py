@@ -8,6 +8,8 @@ from app.http.auth import require_admin
 from app.http.deps import ServiceDep
 from app.protocols.schemas import (
     ERROR_RESPONSES,
+    AudioModel,
+    AudioModelList,
     ModelCard,
     ModelList,
     ModelRescanCard,
@@ -30,10 +32,13 @@ ADMIN = [Depends(require_admin)]
 """Dependencies of the routes that change what is loaded (guarded under either auth scope)."""
 
 
-def _card(handle: ModelHandle[Lane], view: ModelView) -> ModelCard:
+def _card(handle: ModelHandle[Lane], view: ModelView, name: str | None = None) -> ModelCard:
+    """The card of a model, or of one of its aliases (`name`), which carries the same state."""
     entry = handle.entry
+    alias = name if name is not None and name != entry.id else None
     return ModelCard(
-        id=entry.id,
+        id=alias or entry.id,
+        alias_of=entry.id if alias else None,
         created=CREATED,
         engine=entry.engine,
         status=view.status,
@@ -48,19 +53,25 @@ def _card(handle: ModelHandle[Lane], view: ModelView) -> ModelCard:
     )
 
 
-async def _card_now(service: SpeechService, handle: ModelHandle[Lane]) -> ModelCard:
-    return _card(handle, (await service.model_views())[handle.id])
+async def _card_now(service: SpeechService, handle: ModelHandle[Lane], name: str | None = None
+                    ) -> ModelCard:
+    return _card(handle, (await service.model_views())[handle.id], name)
 
 
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(service: ServiceDep) -> ModelList:
+    """Every model, then every alias as an entry of its own (OpenAI clients list `tts-1`)."""
+    registry = service.registry
     views = await service.model_views()
-    return ModelList(data=[_card(handle, views[handle.id]) for handle in service.models()])
+    cards = [_card(handle, views[handle.id]) for handle in service.models()]
+    cards += [_card(registry[model_id], views[model_id], alias)
+              for alias, model_id in registry.aliases.items()]
+    return ModelList(data=cards)
 
 
 @router.get("/v1/models/{model_id}", response_model=ModelCard, responses=ERROR_RESPONSES)
 async def get_model(model_id: str, service: ServiceDep) -> ModelCard:
-    return await _card_now(service, service.registry.resolve(model_id))
+    return await _card_now(service, service.registry.resolve(model_id), model_id)
 
 
 @router.get("/v1/audio/voices", response_model=VoiceList, responses=ERROR_RESPONSES)
@@ -78,7 +89,14 @@ async def list_voices(
         if (not language or language_matches(v.language, language))
         and (not gender or v.gender == gender.lower())
     ]
-    return VoiceList(data=cards)
+    return VoiceList(data=cards, voices=cards)
+
+
+@router.get("/v1/audio/models", response_model=AudioModelList)
+async def list_audio_models(service: ServiceDep) -> AudioModelList:
+    """Speech models and aliases as Open WebUI lists them (`{"models": [{"id", "name"}]}`)."""
+    names = [h.id for h in service.models()] + list(service.registry.aliases)
+    return AudioModelList(models=[AudioModel(id=name, name=name) for name in names])
 
 
 @router.post("/v1/models/rescan", response_model=RescanResponse, responses=ERROR_RESPONSES,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from app.http.deps import RequestIdDep, ServiceDep
-from app.protocols.openai import JobResponse, audio_response, sse_response
+from app.protocols.openai import JobResponse, speech_response
 from app.protocols.schemas import ERROR_RESPONSES, SpeechRequest
 from engines.base import InvalidParameter
 
@@ -22,7 +22,4 @@ async def create_speech(body: SpeechRequest, service: ServiceDep, request_id: Re
                                param="timestamps")
     plan = service.plan(**body.plan_fields(), text=body.input, request_id=request_id,
                         timestamps=body.timestamps == "word")
-    job = service.speak(plan)
-    if body.stream_format == "sse":
-        return sse_response(job, body.response_format)
-    return audio_response(job, body.response_format)
+    return speech_response(service.speak(plan), body.response_format, body.stream_format)

@@ -30,6 +30,8 @@ class ReplicaModel:
     """Admitted requests waiting for their first turn."""
     in_flight: int
     """Engine calls running now."""
+    slots: int = 0
+    """Engine calls the model runs at once here (the lane's concurrency)."""
     draining: bool = False
     """Evicted by the cluster's placement while requests still stream from it: it unloads when
     the last of them ends."""
@@ -93,6 +95,8 @@ class ModelView:
     in_flight: int
     replicas: tuple[str, ...] | None = None
     """On a cluster: the engine replicas holding the model."""
+    slots: int = 0
+    """Engine calls the model can run at once (summed over the replicas that have it ready)."""
 
 
 def local_views(handles: Iterable[ModelHandle[Lane]]) -> dict[str, ModelView]:
@@ -101,7 +105,7 @@ def local_views(handles: Iterable[ModelHandle[Lane]]) -> dict[str, ModelView]:
         lane = handle.lane.state()
         views[handle.id] = ModelView(handle.status, handle.refcount, handle.error,
                                      handle.load_seconds, handle.current, lane.running,
-                                     lane.queued, lane.in_flight)
+                                     lane.queued, lane.in_flight, slots=handle.lane.concurrency)
     return views
 
 
@@ -130,5 +134,6 @@ def fleet_views(model_ids: Iterable[str], replicas: list[ReplicaState]) -> dict[
             queued=sum(s.queued for _, s in states),
             in_flight=sum(s.in_flight for _, s in states),
             replicas=holders,
+            slots=sum(s.slots for _, s in states if s.status is ModelStatus.READY),
         )
     return views

@@ -31,6 +31,7 @@ from app.serving.render import Progress, Rendered, Renderer, RenderSession, Rend
 from app.serving.scheduler import Lane
 from app.serving.tracking import CacheUse, Outcome, RequestRecord, RequestStats, RequestStatus
 from app.text.feed import TextFeed
+from app.text.split import join_kind
 from engines.base import (
     Audio,
     Cancelled,
@@ -100,6 +101,11 @@ class SpeechPlan:
     @property
     def model_id(self) -> str:
         return self.handle.id
+
+    @property
+    def speed(self) -> float:
+        """The tempo asked for: the engine's part times the stretch."""
+        return self.native_speed * self.stretch
 
     @property
     def engine(self) -> Engine:
@@ -358,17 +364,18 @@ class SpeechJob:
 
     async def _synthesize(self) -> None:
         plan = self.plan
-        pause = dsp.pause(self.sample_rate, self._context.pause_ms)
         keep: list[tuple[Audio, ...]] | None = [] if self._cache_key is not None else None
         kept_words: list[Words] = []
         size = 0
         assert self._memory is not None
         async with self._context.renderer.session(self._work()) as session:
             index = 0
+            previous = ""
             while (text := await self._next_segment(index)) is not None:
                 rendered = await self._segment(session, text)
                 chunks, words = rendered.chunks, rendered.words
                 if index and chunks:
+                    pause = self._pause_after(previous)
                     chunks[0] = np.concatenate([pause, chunks[0]])
                     words = tuple(w.moved(shift=len(pause) / self.sample_rate) for w in words)
                 if plan.timestamps:
@@ -384,10 +391,18 @@ class SpeechJob:
                     if keep is not None:
                         keep.append(tuple(chunks))
                 index += 1
+                previous = text
         if keep is not None and self._cache_key is not None:
             timed = (kept_words, plan.segments) if plan.timestamps else None
             await self._context.cache.put(self._cache_key, CachedAudio.build(
                 plan.model_id, self.sample_rate, keep, timed))
+
+    def _pause_after(self, segment: str) -> Audio:
+        """The silence between `segment` and the next: a sentence pause after a sentence, half
+        of it after a clause mark, none inside a phrase (the edges each segment keeps are the
+        gap there). Pauses are part of the tempo: at twice the speed they last half as long."""
+        share = {"sentence": 1.0, "clause": 0.5, "word": 0.0}[join_kind(segment)]
+        return dsp.pause(self.sample_rate, self._context.pause_ms * share / self.plan.speed)
 
     def _placed(self, index: int, words: Words) -> Words:
         """Segment-relative spans moved to the request text (streamed text keeps them)."""

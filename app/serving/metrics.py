@@ -3,6 +3,12 @@
 Events (requests, loads) are counted as they happen; levels (queue depth, active requests, cache
 size, loaded models) are read at scrape time, from this process or, on a cluster, from the engine
 replicas' reports (with a `replica` label where one replica's own figure is meant).
+
+LunaVox's names are exported beside VoxMux's, from the same events, so its dashboards work
+unchanged: `lunavox_pool_size` (engine slots of the loaded models: `concurrency` each),
+`lunavox_pool_idle` (those not running an engine call now), `lunavox_requests_total{voice,status}`
+(status `ok` for a finished request, else VoxMux's outcome), `lunavox_request_duration_seconds`
+and `lunavox_rtf` by `voice` (the resolved voice id).
 """
 
 from __future__ import annotations
@@ -74,6 +80,13 @@ class _Levels(Collector):
                                     value=self.cache.items)
             yield GaugeMetricFamily("voxmux_cache_bytes", "Audio bytes held by the cache",
                                     value=self.cache.bytes)
+        ready = [v for v in self.views.values() if v.status is ModelStatus.READY]
+        slots = sum(v.slots for v in ready)
+        busy = sum(min(v.in_flight, v.slots) for v in ready)
+        yield GaugeMetricFamily("lunavox_pool_size", "Engine slots of the loaded models (LunaVox)",
+                                value=slots)
+        yield GaugeMetricFamily("lunavox_pool_idle", "Engine slots not synthesizing now (LunaVox)",
+                                value=slots - busy)
         if self.replicas is not None:
             yield from _replica_levels(self.replicas)
 
@@ -126,18 +139,34 @@ class Metrics:
             "voxmux_engine_load_seconds", "Engine load time", ["model"], buckets=_SECONDS,
             registry=self.registry,
         )
+        self.lunavox_requests = Counter(
+            "lunavox_requests", "Finished synthesis requests by voice and status (LunaVox)",
+            ["voice", "status"], registry=self.registry,
+        )
+        self.lunavox_duration = Histogram(
+            "lunavox_request_duration_seconds", "Wall time of one request (LunaVox)", ["voice"],
+            buckets=_SECONDS, registry=self.registry,
+        )
+        self.lunavox_rtf = Histogram(
+            "lunavox_rtf", "Real-time factor (LunaVox)", ["voice"], buckets=_RTF,
+            registry=self.registry,
+        )
         self._levels = _Levels()
         self.registry.register(self._levels)
 
-    def observe_request(self, model: str, stats: RequestStats) -> None:
+    def observe_request(self, model: str, stats: RequestStats, voice: str = "") -> None:
         self.requests.labels(model, stats.outcome).inc()
+        status = "ok" if stats.outcome == "done" else stats.outcome
+        self.lunavox_requests.labels(voice, status).inc()
         if stats.outcome != "done":
             return
         self.duration.labels(model).observe(stats.t_total_ms / 1000)
+        self.lunavox_duration.labels(voice).observe(stats.t_total_ms / 1000)
         if stats.ttfb_ms is not None:
             self.ttfb.labels(model).observe(stats.ttfb_ms / 1000)
         if stats.rtf is not None:
             self.rtf.labels(model).observe(stats.rtf)
+            self.lunavox_rtf.labels(voice).observe(stats.rtf)
 
     def render(self, views: dict[str, ModelView], cache: CacheSnapshot | None = None,
                replicas: list[ReplicaState] | None = None) -> bytes:

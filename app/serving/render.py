@@ -107,7 +107,7 @@ def render_segment(engine: Engine, text: str, work: RenderWork) -> Rendered:
             work.cancel.check()
             if len(chunk):
                 audio, placed = _finish_chunk(np.asarray(chunk, dtype=np.float32), chunk_words,
-                                              work.stretch, rate)
+                                              work, rate)
                 words += (w.moved(shift=samples / rate) for w in placed)
                 samples += len(audio)
                 chunks.append(audio)
@@ -122,10 +122,14 @@ def render_segment(engine: Engine, text: str, work: RenderWork) -> Rendered:
     return Rendered(chunks, tuple(words))
 
 
-def _finish_chunk(chunk: Audio, words: Words, stretch: float, rate: int
+def _finish_chunk(chunk: Audio, words: Words, work: RenderWork, rate: int
                   ) -> tuple[Audio, Words]:
-    """Trim, stretch, limit and fade one chunk; its words follow the trim and the stretch."""
-    start, end = dsp.voiced_span(chunk, rate)
+    """Trim, stretch, limit and fade one chunk; its words follow the trim and the stretch.
+
+    The silence kept around the sound scales with the tempo, like the speech inside it (here
+    with the engine's part of the speed; the stretch scales it with the rest)."""
+    stretch = work.stretch
+    start, end = dsp.voiced_span(chunk, rate, keep_ms=dsp.KEEP_MS / work.native_speed)
     audio = chunk[start:end]
     scale = 1.0
     if abs(stretch - 1.0) > 1e-3:

@@ -27,24 +27,13 @@ from app.serving.scheduler import Lane
 from app.serving.tracking import RequestRecord, ServingStats
 from app.settings import Settings
 from app.text.feed import TextFeed
-from app.text.split import split_text
-from engines.base import InvalidParameter, SynthesisRequest, TimedEngine
+from app.text.split import segment_offsets, split_text
+from engines.base import InvalidParameter, SynthesisRequest, TimedEngine, VoiceNotFound
 from engines.registry import EngineRegistry, ModelHandle, ModelStatus, SwitchResult
 
 log = logging.getLogger(__name__)
 
 WARM_UP_TEXT = "Ready."
-
-
-def segment_offsets(text: str, segments: list[str]) -> list[int]:
-    """Where each segment starts in `text`: segments are its slices, in order."""
-    offsets: list[int] = []
-    position = 0
-    for segment in segments:
-        found = text.find(segment, position)
-        offsets.append(found if found >= 0 else position)
-        position = (found if found >= 0 else position) + len(segment)
-    return offsets
 
 
 def split_speed(speed: float, native: tuple[float, float]) -> tuple[float, float]:
@@ -154,9 +143,10 @@ class SpeechService:
             text,
             max_chars=plan.engine.capabilities.max_segment_chars,
             first_max_chars=self.settings.first_segment_chars,
+            growth=self.settings.segment_growth,
         )
         plan.offsets = segment_offsets(text, plan.segments)
-        self._validate(plan, plan.segments[0])
+        self._validate_voice(plan, plan.segments[0])
         return plan
 
     def plan_stream(self, *, model: str, voice: str | None = None, speed: float = 1.0,
@@ -171,7 +161,7 @@ class SpeechService:
             first_max_chars=self.settings.first_segment_chars,
             max_pending=self.settings.ws_max_pending_chars,
         )
-        self._validate(plan, "Hello.")
+        self._validate_voice(plan, "Hello.")
         return plan
 
     def _plan(self, model: str, text: str, voice: str | None, speed: float,
@@ -201,6 +191,23 @@ class SpeechService:
             warnings=warnings,
             timestamps=timestamps,
         )
+
+    def _validate_voice(self, plan: SpeechPlan, sample: str) -> None:
+        """Validate; a voice the model lacks is refused, or with `unknown_voice=default`
+        replaced by the model's default voice and named in the warnings."""
+        try:
+            self._validate(plan, sample)
+        except VoiceNotFound as exc:
+            default = plan.handle.entry.default_voice
+            hint = (f"{exc.message}. GET /v1/audio/voices?model={plan.model_id} lists its voices; "
+                    "other names can be mapped in the catalogue's [voice_aliases]")
+            if self.settings.unknown_voice != "default" or plan.voice == default:
+                raise VoiceNotFound(hint, param="voice", code=exc.code) from exc
+            plan.warnings.append(
+                f"voice '{plan.voice}' is not a {plan.model_id} voice; spoke {default} instead"
+            )
+            plan.voice = default
+            self._validate(plan, sample)
 
     @staticmethod
     def _validate(plan: SpeechPlan, sample: str) -> None:
@@ -232,7 +239,7 @@ class SpeechService:
             if not tickets:
                 del self._by_request_id[job.plan.request_id]
         self.stats.close(job.record, job.stats)
-        self.metrics.observe_request(job.plan.model_id, job.stats)
+        self.metrics.observe_request(job.plan.model_id, job.stats, job.plan.voice)
         if self.fleet is not None:
             self.fleet.closed(job.plan.request_id)
 

@@ -4,6 +4,12 @@ Cut priority: sentence ends (and paragraph breaks), then clause marks, then whit
 hard cut at the limit. Each sentence is its own segment; pieces with nothing to say ("!", an
 emoji) merge into the next one. Nothing is ever dropped: segments are stripped slices of the
 input, in order. Punctuation tables live in `app.text.punctuation`.
+
+A whole text (not a stream) may be packed after its short first segment: `split_text(...,
+growth=2)` joins neighbouring sentences into segments whose budget doubles each time up to the
+engine's limit, so the first audio comes after one short engine call and the rest of the text
+costs few, large ones (each engine call has a fixed cost, and the listener already has audio
+to hear while they run). `join_kind` says how a segment ends, so the pause after it can match.
 """
 
 from __future__ import annotations
@@ -11,11 +17,15 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Iterator
+from typing import Literal
 
 from app.text import punctuation as P
 
-# Ranks of cut candidates; UNDECIDED means "the next characters are needed to tell".
-_SENTENCE, _PHRASE, _WEAK, _SPACE, _UNDECIDED = 4, 3, 2, 1, 0
+# Ranks of cut candidates; UNDECIDED means "the next characters are needed to tell". A space
+# after a word of one to three letters ("the", "of", "and") ranks below other spaces: a budget
+# cut there leaves the word hanging off the end of a segment, spoken with a final fall.
+_SENTENCE, _PHRASE, _WEAK, _SPACE, _SPACE_AFTER_SHORT, _UNDECIDED = 5, 4, 3, 2, 1, 0
+_SHORT_WORD = 3
 
 
 def _marks(kind: str) -> str:
@@ -102,7 +112,13 @@ def _space_rank(text: str, i: int, j: int) -> int | None:
         return None  # keep "Bonjour !" and "Attention :" whole
     if i > 0 and _in(text[i - 1], P.PHRASE_SPACED) and _in(after, P.PHRASE_SPACED):
         return _PHRASE
-    return _WEAK if "\n" in gap else _SPACE
+    if "\n" in gap:
+        return _WEAK
+    start = i
+    while start > 0 and text[start - 1].isalpha():
+        start -= 1
+    short = 0 < i - start <= _SHORT_WORD and (start == 0 or text[start - 1].isspace())
+    return _SPACE_AFTER_SHORT if short else _SPACE
 
 
 def _boundaries(text: str, limit: int, final: bool) -> Iterator[tuple[int, int]]:
@@ -225,12 +241,14 @@ class IncrementalSplitter:
 
 
 def split_text(
-    text: str, *, max_chars: int = 400, first_max_chars: int | None = 150, min_chars: int = 10
+    text: str, *, max_chars: int = 400, first_max_chars: int | None = 150, min_chars: int = 10,
+    growth: float = 1.0,
 ) -> list[str]:
     """Split `text` into stripped, non-empty segments of at most `max_chars` characters.
 
     The first segment is at most `first_max_chars`. A trailing piece with nothing to say
-    ("Done. 🙂") joins the previous segment when it fits.
+    ("Done. 🙂") joins the previous segment when it fits. With `growth` > 1 the segments after
+    the first are packed (`pack`).
     """
     splitter = IncrementalSplitter(
         max_chars=max_chars, first_max_chars=first_max_chars, min_chars=min_chars
@@ -241,4 +259,57 @@ def split_text(
         joined = segments[-2] + (" " if head[-1:].isspace() else "") + segments[-1]
         if len(joined) <= (splitter.first_max_chars if len(segments) == 2 else max_chars):
             segments[-2:] = [joined]
-    return segments
+    return pack(text, segments, first_max_chars=splitter.first_max_chars, max_chars=max_chars,
+                growth=growth)
+
+
+JoinKind = Literal["sentence", "clause", "word"]
+
+
+def join_kind(segment: str) -> JoinKind:
+    """How `segment` ends: at a sentence end (or a paragraph), at a clause mark, or between two
+    words (a cut made for the budget)."""
+    end = len(segment.rstrip())
+    while end > 0 and segment[end - 1] in _CLOSERS:
+        end -= 1
+    if end == 0:
+        return "word"
+    last = segment[end - 1]
+    if last in _TERMINATORS or (last == ";" and end > 1 and _in(segment[end - 2], P.GREEK)):
+        return "sentence"
+    if last in _SPACED_CLAUSE or last in _CLAUSE or last == ";":
+        return "clause"
+    return "word"
+
+
+def segment_offsets(text: str, segments: list[str]) -> list[int]:
+    """Where each segment starts in `text`: segments are its slices, in order."""
+    offsets: list[int] = []
+    position = 0
+    for segment in segments:
+        found = text.find(segment, position)
+        offsets.append(found if found >= 0 else position)
+        position = (found if found >= 0 else position) + len(segment)
+    return offsets
+
+
+def pack(text: str, segments: list[str], *, first_max_chars: int, max_chars: int,
+         growth: float) -> list[str]:
+    """Join neighbouring segments after the first while the joined slice of `text` fits the
+    budget of its place: `first_max_chars * growth ** k` for the k-th segment, at most
+    `max_chars`. Joined segments are slices of `text` again (the space between kept)."""
+    if growth <= 1 or len(segments) < 3:
+        return segments
+    offsets = segment_offsets(text, segments)
+    packed = [segments[0]]
+    start = end = -1
+    for segment, offset in zip(segments[1:], offsets[1:], strict=True):
+        budget = min(max_chars, int(first_max_chars * growth ** len(packed)))
+        if start >= 0 and offset + len(segment) - start <= budget:
+            end = offset + len(segment)
+            continue
+        if start >= 0:
+            packed.append(text[start:end])
+        start, end = offset, offset + len(segment)
+    packed.append(text[start:end])
+    return packed

@@ -201,6 +201,62 @@ def _word(match: re.Match[str]) -> str:
     return _WORDS[match["abbr"]] + tail
 
 
+def _digit_groups(groups: list[str]) -> str:
+    """Phone digits read one by one, a short pause (a comma) between the written groups."""
+    return ", ".join(digits(group) for group in groups if group)
+
+
+def _international_phone(match: re.Match[str]) -> str:
+    groups = re.findall(r"\d+", match[0])
+    if sum(map(len, groups)) < 7:
+        return match[0]  # too short for a phone number (`+5 points`)
+    return "plus " + _digit_groups(groups)
+
+
+def _nanp_phone(match: re.Match[str]) -> str:
+    groups = [match["pa"] or match["a0"], match["b"], match["c"]]
+    return _digit_groups(["1", *groups] if match["one"] else groups)
+
+
+_PHONE_WORDS = re.compile(r"\b(?:call|phone|tel|dial|fax|ring|text|number|contact|cell|mobile)\b"
+                          r"\W*(?:\w+\W+){0,2}$", re.I)
+
+
+def _local_phone_or_range(match: re.Match[str]) -> str:
+    """`555-0199` is a phone number; `500-1000` is a range unless a phone word comes first."""
+    first, second = match["a"], match["b"]
+    phone = (second.startswith("0") or int(second) <= int(first)
+             or _PHONE_WORDS.search(match.string[: match.start()]) is not None)
+    return _digit_groups([first, second]) if phone else match[0]
+
+
+def _version_number(number: str) -> str:
+    """`2.3.11` -> `two point three point eleven`: each part is a number of its own."""
+    return " point ".join(cardinal(part) for part in number.split("."))
+
+
+_NOT_NAMES = frozenset((
+    "A", "About", "Above", "After", "Almost", "An", "And", "Around", "As", "At", "Below", "But",
+    "By", "Each", "Every", "For", "From", "In", "Is", "It", "Just", "Nearly", "Of", "On", "Only",
+    "Or", "Over", "Per", "The", "To", "Under", "Up", "Was", "With",
+))
+"""Capitalized words that start a sentence rather than name a product (`At 3.50 each`)."""
+
+
+def _named_version(match: re.Match[str]) -> str:
+    """`Python 3.11` -> `Python three point eleven`: a number after a name is a version."""
+    if match["name"] in _NOT_NAMES:
+        return match[0]
+    return f"{match['name']} {_version_number(match['v'])}"
+
+
+def _dotted(match: re.Match[str]) -> str:
+    parts = match[0].split(".")
+    if len(parts) == 4 and all(len(p) <= 3 and int(p) <= 255 for p in parts):
+        return " dot ".join(cardinal(p) for p in parts)  # an IPv4 address
+    return _version_number(match[0])
+
+
 _AMPM = r"\s?(?P<ampm>[AaPp])(?:\.\s?[Mm]\.|\s?[Mm]\b)"
 _END = r"(?P<end>(?=\s*$)|(?=\s+[A-Z]))?"
 _RULES: list[Rule] = [
@@ -212,6 +268,20 @@ _RULES: list[Rule] = [
     (re.compile(r"(?<![\w.])(?P<abbr>etc|e\.g|i\.e|vs|approx|dept|govt|misc|min|hrs|sec)\."
                 + _END), _word),
     (re.compile(r"\bvs\b"), lambda m: "versus"),
+    # Phone numbers: `+44 20 7946 0958`, `+1 800 555 0199`, `(800) 555-0199`, `800.555.0199`,
+    # `1-800-555-0199`, `555-0199`; digit by digit, a pause between the groups.
+    (re.compile(r"(?<![\w+])\+\d{1,3}(?:[ .-]?\(?\d{1,5}\)?){1,5}(?!\d)"),
+     _international_phone),
+    (re.compile(r"(?<![\w.+-])(?P<one>1[ .-])?(?:\((?P<pa>\d{3})\)\s?|(?P<a0>\d{3})[ .-])"
+                r"(?P<b>\d{3})[ .-](?P<c>\d{4})(?![\w-]|\.\d)"),
+     _nanp_phone),
+    (re.compile(r"(?<![\w.-])(?P<a>\d{3})-(?P<b>\d{4})(?![\w-]|\.\d)"), _local_phone_or_range),
+    # Versions and dotted numbers: `v2.3.1`, `Python 3.11`, `1.2.3`, `192.168.0.1`.
+    (re.compile(r"\b[vV](?P<v>\d+(?:\.\d+)+)\b"),
+     lambda m: "version " + _version_number(m["v"])),
+    (re.compile(r"(?<![\w.])\d+(?:\.\d+){2,}\b(?!\.\d)"), _dotted),
+    (re.compile(r"\b(?P<name>[A-Z][A-Za-z+#]*[a-zA-Z+#]|[Vv]ersion|[Rr]elease)\s"
+                r"(?P<v>\d+\.\d+(?:\.\d+)*)\b(?![.,]?\d|%)"), _named_version),
     (re.compile(r"\bNo\.\s?(?=\d)"), lambda m: "number "),
     (re.compile(r"#(?=\d)"), lambda m: "number "),
     (re.compile(r"\b(?P<m>" + "|".join(_MONTH_ABBREVIATIONS) + r")\.(?=\s*\d)"),
@@ -220,6 +290,7 @@ _RULES: list[Rule] = [
                 r"(?:\s?(?P<scale>mn|bn|[kKmMbBtT]\b|(?:thousand|million|billion|trillion)\b))?"),
      _money),
     (re.compile(r"(?P<n>-?" + NUMBER + r")\s?%"), lambda m: f"{cardinal(m['n'])} percent"),
+    (re.compile(r"(?<=\d:\d\d)\s?[–-]\s?(?=\d{1,2}:\d\d)"), lambda m: " to "),
     (re.compile(r"\b(?P<h>[01]?\d|2[0-4]):(?P<m>[0-5]\d)\b(?!:\d)(?:" + _AMPM + ")?"), _time),
     (re.compile(r"\b(?P<h>1[0-2]|0?[1-9])" + _AMPM), _hour_only),
     (re.compile(r"\b(?P<y>\d{4})-(?P<mo>\d{2})-(?P<d>\d{2})\b"),

@@ -12,7 +12,7 @@ from engines.base import LoadFailed, SynthesisRequest, VoiceNotFound
 from engines.espeak import EspeakEngine
 from engines.kokoro import MAX_TOKENS, KokoroEngine, parse_blend
 from engines.onnx import RuntimeOptions
-from engines.piper import PiperEngine
+from engines.piper import PiperEngine, length_factor
 from tests.conftest import CACHE_DIR
 
 
@@ -93,3 +93,11 @@ def test_espeak_languages_and_variants() -> None:
     assert len(slow) > 2.5 * len(fast)
     with pytest.raises(VoiceNotFound):
         engine.validate(SynthesisRequest(text="x", voice="xx-nowhere"))
+
+
+def test_piper_length_factor_undoes_the_frame_rounding() -> None:
+    """n symbols of k frames each last x*k*n + n/2 frames at scale x; the factor gives 1/speed."""
+    for k in (1.5, 2.0, 2.5):
+        for speed in (0.25, 0.5, 0.8, 1.0):
+            x = length_factor(speed, k)
+            assert (k + 0.5) / (x * k + 0.5) == pytest.approx(speed)

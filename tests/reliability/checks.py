@@ -12,10 +12,12 @@ from tests.conftest import LiveServer
 
 
 def assert_openai_error(body: Any, *, status: int | None = None) -> dict[str, Any]:
-    """`body` is `{"error": {"message", "type", "param", "code"}}`; returns the inner object."""
-    assert isinstance(body, dict) and set(body) == {"error"}, body
+    """`body` is `{"error": {"message", "type", "param", "code"}}`, on HayaKoe's routes with its
+    `detail` (the same message) beside; returns the inner object."""
+    assert isinstance(body, dict) and set(body) in ({"error"}, {"error", "detail"}), body
     error = body["error"]
     assert isinstance(error, dict), body
+    assert body.get("detail", error.get("message")) == error.get("message"), body
     assert set(error) == {"message", "type", "param", "code"}, body
     assert isinstance(error["message"], str) and error["message"], body
     assert isinstance(error["type"], str) and error["type"], body

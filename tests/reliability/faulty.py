@@ -129,7 +129,9 @@ def faulty_catalogue(tmp: Path) -> Path:
 
 
 def start_with_faulty(tmp: Path, faults: Faults, **overrides: Any) -> LiveServer:
-    """A live server whose catalogue has the `faulty` model beside the real ones."""
+    """A live server whose catalogue has the `faulty` model beside the real ones. One sentence
+    is one segment there (no packing), so a test counts segments by its sentences."""
+    overrides.setdefault("segment_growth", 1.0)
     settings = test_settings(tmp, catalogue=faulty_catalogue(tmp), **overrides)
     with pytest.MonkeyPatch.context() as patch:  # engines are built inside create_app
         patch.setitem(ENGINES, MODEL, lambda s, rt: FaultyEngine(faults))

@@ -103,7 +103,7 @@ def test_generate_speed_and_wav(server: LiveServer) -> None:
 
 
 @pytest.mark.parametrize(("form", "status", "message"), [
-    ({"voice": "no-such-voice"}, 404, "no-such-voice"),
+    ({"voice": "no-such-voice"}, 400, "no-such-voice"),
     ({"text": "x" * 4100}, 400, "the limit is 4096"),
     ({"model": "tts-9"}, 404, "The model &#39;tts-9&#39; does not exist"),
     ({"format": "pcm"}, 400, "is not one of them"),

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import websockets
+from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import ConnectionClosed
 
 from app.serving.service import SpeechService
@@ -217,6 +218,29 @@ def test_lunavox_synth_returns_its_stats_shape(server: LiveServer) -> None:
     assert "temperature" in response.headers["x-voxmux-warnings"]
 
 
+def test_lunavox_dashboard_metrics(server: LiveServer) -> None:
+    """A LunaVox Grafana dashboard's queries find their series, parsed the way Prometheus does."""
+    with server.client() as http:
+        done = http.post("/v1/synth", json={"text": unique("Metrics."), "model": "piper"})
+        assert done.status_code == 200
+        text = http.get("/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("lunavox_pool_size", "lunavox_pool_idle"):
+        assert families[name].type == "gauge"
+        assert families[name].samples[0].value >= 1  # piper and kokoro are loaded
+    requests = families["lunavox_requests"]
+    assert requests.type == "counter"
+    ok = [s for s in requests.samples if s.name == "lunavox_requests_total"
+          and s.labels == {"voice": "en_US-joe-medium", "status": "ok"}]
+    assert ok and ok[0].value >= 1
+    for name in ("lunavox_request_duration_seconds", "lunavox_rtf"):
+        assert families[name].type == "histogram"
+        counts = [s for s in families[name].samples if s.name == name + "_count"
+                  and s.labels == {"voice": "en_US-joe-medium"}]
+        assert counts and counts[0].value >= 1
+    assert "voxmux_requests" in families  # beside VoxMux's own, in one registry
+
+
 @pytest.mark.parametrize(("voice", "mode"), [
     ({"voice": "custom", "speaker": "en_US-joe-medium"}, "custom"),
     ({"voice": "alloy"}, "custom"),
@@ -255,12 +279,13 @@ def test_hayakoe_one_shot_wav(server: LiveServer) -> None:
 
 
 @pytest.mark.parametrize("path", ["/api/tts", "/api/tts/stream"])
-def test_hayakoe_unknown_speaker_is_404(server: LiveServer, path: str) -> None:
+def test_hayakoe_unknown_speaker_is_400(server: LiveServer, path: str) -> None:
     response = httpx.get(server.url + path, params={
         "text": "Hello.", "speaker_name": "tsukuyomi", "model": "piper"})
-    assert response.status_code == 404
+    assert response.status_code == 400
     error = response.json()["error"]
     assert error["code"] == "voice_not_found" and "tsukuyomi" in error["message"]
+    assert response.json()["detail"] == error["message"]  # what HayaKoe's clients read
 
 
 def test_hayakoe_stream_is_one_continuous_wav(server: LiveServer) -> None:
@@ -305,6 +330,37 @@ async def _angevoice_json_client(url: str, request: dict[str, Any]) -> tuple[lis
     return kinds, audio
 
 
+async def _angevoice_named_client(url: str, request: dict[str, Any]
+                                  ) -> tuple[list[dict[str, Any]], bytes]:
+    """Reads only AngeVoice's names: `data`, `index`, `segment_index`; `dtype`; the totals."""
+    frames: list[dict[str, Any]] = []
+    audio = b""
+    async with websockets.connect(url, proxy=None, open_timeout=30) as ws:
+        await ws.send(json.dumps(request))
+        async for msg in ws:
+            assert isinstance(msg, str)
+            frame = json.loads(msg)
+            frames.append(frame)
+            if frame["type"] == "audio":
+                audio += base64.b64decode(frame["data"])
+    return frames, audio
+
+
+def test_angevoice_field_names(server: LiveServer) -> None:
+    text = unique("First sentence of two. And the second one follows it.")
+    frames, audio = asyncio.run(_angevoice_named_client(ws_url(server, "/ws/v1/tts"), {
+        "model": "piper", "text": text, "voice": "alloy", "binary": False}))
+    started, done = frames[0], frames[-1]
+    assert started["dtype"] == "int16" and started["recommended_prebuffer_seconds"] > 0
+    chunks = [f for f in frames if f["type"] == "audio"]
+    assert [f["index"] for f in chunks] == list(range(len(chunks)))
+    segments = [f["segment_index"] for f in chunks]
+    assert segments == sorted(segments) and segments[0] == 0
+    assert max(segments) == done["total_segments"] - 1 >= 1
+    assert done["total_audio_chunks"] == len(chunks)
+    assert_speech(decode(audio, "pcm", pcm_rate=started["sample_rate"]), text)
+
+
 def test_angevoice_json_audio_frames(server: LiveServer) -> None:
     text = unique("Audio in JSON frames for an old client.")
     kinds, audio = asyncio.run(_angevoice_json_client(ws_url(server, "/ws/v1/tts"), {
@@ -345,6 +401,7 @@ def test_hayakoe_routes_need_the_key(guarded: LiveServer, path: str) -> None:
     params = {"text": unique("Guarded."), "model": "espeak"}
     refused = httpx.get(guarded.url + path, params=params)
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    assert "API key" in refused.json()["detail"]
     allowed = httpx.get(guarded.url + path, params=params,
                         headers={"Authorization": f"Bearer {KEY}"})
     assert allowed.status_code == 200 and decode(allowed.content, "wav").rms > 0.01

@@ -111,7 +111,8 @@ def test_frames_arrive_in_order_and_decode_to_speech(server: LiveServer) -> None
     started = got.frames[0]
     assert got.kinds[0] == "started" and got.kinds[-1] == "done"
     assert started["sample_rate"] == PIPER_RATE and started["channels"] == 1
-    assert started["format"] == "pcm_s16le" and started["segments"] == 3
+    planned = server.segments("piper", THREE)
+    assert started["format"] == "pcm_s16le" and started["segments"] == len(planned) >= 2
     assert started["request_id"] and started["model"] == "piper"
     kinds = [k for k in got.kinds if k != "progress"]  # keepalives may come on a busy machine
     assert set(kinds) == {"started", "bin", "segment", "done"}
@@ -120,14 +121,14 @@ def test_frames_arrive_in_order_and_decode_to_speech(server: LiveServer) -> None
     assert body[0] == "bin" and body[-1] == "segment"
     assert all(body[i - 1] == "bin" for i, k in enumerate(body) if k == "segment")
     segments = got.of("segment")
-    assert [s["index"] for s in segments] == [0, 1, 2]
-    assert " ".join(s["text"] for s in segments) == THREE
+    assert [s["index"] for s in segments] == list(range(len(planned)))
+    assert [s["text"] for s in segments] == planned and " ".join(planned) == THREE
     assert all(len(frame) % 2 == 0 for frame in got.binary)
     assert sum(s["samples"] for s in segments) * 2 == len(got.audio)
 
     assert_speech(got.audio, THREE)
     stats = got.last["stats"]
-    assert stats["segments"] == 3 and stats["ttfb_ms"] > 0 and stats["rtf"] > 0
+    assert stats["segments"] == len(planned) and stats["ttfb_ms"] > 0 and stats["rtf"] > 0
     assert stats["audio_duration_ms"] == pytest.approx(len(got.audio) / 2 / PIPER_RATE * 1000, 1)
     assert got.close_code == 1000
 
@@ -204,7 +205,7 @@ def test_cancel_mid_stream_stops_and_frees_the_lease(server: LiveServer) -> None
         conn.send(json.dumps({"type": "cancel"}))
         got.read(conn)
     planned = got.frames[0]["segments"]
-    assert planned >= 40
+    assert planned >= 8  # 50 sentences, packed after the first
     assert got.last is not None and got.last["type"] == "cancelled" and got.close_code == 1000
     assert 1 <= len(got.of("segment")) < planned / 2
     wait_idle(server, "piper", got.frames[0]["request_id"])

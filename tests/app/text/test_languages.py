@@ -97,7 +97,7 @@ def test_blend_parts_are_checked_by_name(server: LiveServer) -> None:
             "model": "kokoro", "voice": "jf_alpha(2)+nobody(1)", "input": "hello"})
         zero = http.post("/v1/audio/speech", json={
             "model": "kokoro", "voice": "jf_alpha(0)+jm_kumo", "input": "hello"})
-    assert unknown.status_code == 404
+    assert unknown.status_code == 400
     assert unknown.json()["error"]["code"] == "voice_not_found"
     assert "nobody" in unknown.json()["error"]["message"]
     assert "jf_alpha" not in unknown.json()["error"]["message"]
@@ -156,7 +156,7 @@ def test_a_corrupt_user_voice_is_isolated(own_server: LiveServer) -> None:
     assert kokoro["status"] == "ready" and piper["status"] == "ready"
     assert {"garbage.npy", "garbage.npz"} <= set(kokoro["voice_errors"])
     assert "broken" in piper["voice_errors"]
-    assert broken.status_code == 404 and "broken" in broken.json()["error"]["message"]
+    assert broken.status_code == 400 and "broken" in broken.json()["error"]["message"]
 
 
 def test_rescan_picks_up_a_new_voice_file(own_server: LiveServer, user_models: Path) -> None:
@@ -175,7 +175,7 @@ def test_rescan_picks_up_a_new_voice_file(own_server: LiveServer, user_models: P
         listed = http.get("/v1/audio/voices", params={"model": "kokoro"}).json()["data"]
         copy = wav(http, model="kokoro", voice="jf_copy", input=text)
         quiet = {r["model"]: r for r in http.post("/v1/models/rescan").json()["data"]}
-    assert missing.status_code == 404
+    assert missing.status_code == 400
     assert report["kokoro"]["added"] == ["jf_copy"] and report["kokoro"]["removed"] == []
     assert set(report["kokoro"]["voice_errors"]) == {"garbage.npz"}
     assert "broken" in report["piper"]["voice_errors"]

@@ -6,7 +6,13 @@ import re
 import pytest
 
 from app.text.punctuation import CLOSERS
-from app.text.split import IncrementalSplitter, normalize_ws, split_text
+from app.text.split import (
+    IncrementalSplitter,
+    join_kind,
+    normalize_ws,
+    segment_offsets,
+    split_text,
+)
 
 LANGUAGES = [
     (
@@ -230,10 +236,58 @@ def test_first_segment_cut_at_clause_mark_within_budget() -> None:
 
 
 def test_first_segment_falls_back_to_whitespace() -> None:
-    text = "one two three four five six seven eight nine ten eleven twelve. Next one."
+    text = "one two three four five seven eight nine ten eleven twelve. Next one."
     segments = split_text(text, first_max_chars=30)
-    assert segments[0] == "one two three four five six"
-    assert segments[1] == "seven eight nine ten eleven twelve."
+    assert segments[0] == "one two three four five seven"
+    assert segments[1] == "eight nine ten eleven twelve."
+
+
+def test_first_segment_is_not_cut_after_a_short_word_when_a_longer_one_fits() -> None:
+    text = "The morning train left the station exactly on time. Passengers read quietly."
+    assert split_text(text, first_max_chars=30)[:2] == ["The morning train left",
+                                                         "the station exactly on time."]
+    # Only short words within the budget: the cut falls after one of them, never past it.
+    assert split_text("a b c d e f g h i j k l m n o p q r s t", first_max_chars=12)[0] == \
+        "a b c d e f"
+
+
+@pytest.mark.parametrize(("segment", "kind"), [
+    ("It left on time.", "sentence"), ('He said "stop."', "sentence"), ("Really?)", "sentence"),
+    ("終わり。", "sentence"), ("Well,", "clause"), ("first; ", "clause"), ("等等，", "clause"),
+    ("The morning train left", "word"), ("3.14", "word"),
+])
+def test_join_kind_tells_how_a_segment_ends(segment: str, kind: str) -> None:
+    assert join_kind(segment) == kind
+
+
+TRAIN = " ".join([
+    "The morning train left the station exactly on time.",
+    "Passengers read their papers in comfortable silence.",
+    "Outside, the wide fields were covered in a thin frost.",
+    "A conductor walked slowly down the narrow aisle.",
+    "He checked every single ticket with great care.",
+] * 6)
+
+
+def test_packing_grows_each_budget_up_to_the_engine_limit_at_sentence_ends() -> None:
+    plain = split_text(TRAIN, max_chars=300, first_max_chars=40)
+    packed = split_text(TRAIN, max_chars=300, first_max_chars=40, growth=2)
+    assert packed[0] == plain[0] and len(packed[0]) <= 40
+    for k, segment in enumerate(packed[1:], start=1):
+        assert len(segment) <= min(300, 40 * 2 ** k), (k, segment)
+    assert max(len(s) for s in packed) > 200  # later segments hold several sentences
+    assert len(packed) < len(plain) / 3
+    # Nothing lost, nothing reordered: each packed segment is a run of the plain ones.
+    assert " ".join(packed) == " ".join(plain)
+    assert all(join_kind(s) == "sentence" for s in packed[1:])
+    starts = segment_offsets(TRAIN, packed)
+    assert all(TRAIN[o : o + len(s)] == s for o, s in zip(starts, packed, strict=True))
+
+
+def test_no_growth_keeps_one_sentence_per_segment() -> None:
+    segments = split_text(TRAIN, max_chars=300, first_max_chars=120, growth=1)
+    assert len(segments) == 30
+    assert split_text("One. Two.", growth=4) == ["One.", "Two."]
 
 
 def test_french_space_before_punctuation_is_never_a_cut() -> None:

@@ -1,0 +1,347 @@
+"""Kokoro: VoxMux against the engine in-process and the two Kokoro peers, in one run.
+
+    .venv/bin/python -m bench.kokoro            # writes bench/results/kokoro.json and kokoro.md
+    .venv/bin/python -m bench.kokoro --quick    # a smoke test; numbers not meant
+
+Same machine, same int8 Kokoro weights (the file VoxMux assembles), same voice (jf_alpha, written
+into a voices file for the peers), same English texts. Systems:
+- `raw`: VoxMux's own Kokoro adapter in this process, on the text cut the way VoxMux cuts it, one
+  call per segment: the engine's cost and nothing else (the limit VoxMux is measured against).
+- `voxmux`: `voxmux serve` at the cpu profile's defaults, `POST /v1/audio/speech` as pcm, read
+  as a stream.
+- `kokoro_onnx`: kokoro-onnx 0.6.1's `Kokoro.create` in a process of its own (its timing is
+  taken inside that process, so no HTTP is counted against it); each request a thread.
+- `fastkokoro`: fastkokoro 0.7.0's OpenAI-compatible server, `stream: true`, pcm.
+The peers live in `var/kokoro-peer-venv` (made on first use from PyPI), so nothing of theirs
+leaks into VoxMux's environment. Phases, interleaved round by round:
+1. throughput at concurrency 1, 4, 8 (five-sentence texts), with CPU seconds per audio second;
+2. latency and first audio for one request of 1, 5 and 20 sentences;
+3. first audio of each of 1, 4 and 8 requests sent at once (the last one's is the figure);
+4. one long text (30 sentences), whole time.
+Every phase records the share of the machine other processes took while it ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from app.main import runtime_options
+from app.settings import load_settings
+from app.text.split import split_text
+from bench import load
+from bench.common import (
+    RESULTS,
+    ROOT,
+    OtherWork,
+    Server,
+    free_port,
+    sentences,
+    voxmux_process,
+    write_result,
+)
+from bench.systems import Sample, System, VoxMuxClient, _HttpSystem
+from engines.base import SynthesisRequest
+from engines.kokoro import SAMPLE_RATE, KokoroEngine, assemble_model
+
+VENV = ROOT / "var" / "kokoro-peer-venv"
+REQUIREMENTS = ("kokoro-onnx==0.6.1", "fastkokoro==0.7.0")
+"""Pinned: the request shapes below were read from these versions."""
+VOICE = "jf_alpha"
+PEER_VOICE = "af_alpha"
+"""The same style vectors under an English name: fastkokoro refuses a voice whose prefix names
+another language than the text's (`j` is Japanese)."""
+VOXMUX_ENV = {"VOXMUX_PRELOAD": "kokoro", "VOXMUX_CACHE_MAX_ITEMS": "0", "VOXMUX_IDLE_TTL": "-1",
+              "VOXMUX_QUEUE_SIZE": "64"}
+
+
+def peer_python() -> Path:
+    python = VENV / "bin" / "python"
+    check = [str(python), "-c", "import kokoro_onnx, fastkokoro"]
+    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return python
+    print(f"creating {VENV} with {' '.join(REQUIREMENTS)}", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", *REQUIREMENTS], check=True)
+    return python
+
+
+def voices_file(engine: KokoroEngine, folder: Path) -> Path:
+    """The voice as kokoro-onnx reads voice packs: one (rows, 1, 256) array per name."""
+    path = folder / "voices-bench.npz"
+    table = engine._style_table(VOICE)
+    np.savez(path, **{PEER_VOICE: table.reshape(-1, 1, 256)})
+    return path
+
+
+@contextmanager
+def _process(command: list[str], env: dict[str, str], probe: str, log: Path
+             ) -> Iterator[Server]:
+    """A peer on a free loopback port (`{port}` in `command` or `env` is replaced by it)."""
+    port = free_port()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        def fill(value: str) -> str:
+            return value.replace("{port}", str(port))
+
+        proc = subprocess.Popen([fill(c) for c in command],
+                                env={**os.environ, **{k: fill(v) for k, v in env.items()}},
+                                stdout=out, stderr=subprocess.STDOUT, cwd=VENV)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                try:
+                    if httpx.get(url + probe, timeout=5).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(f"{command[1:]} did not start; see {log}")
+                time.sleep(0.3)
+            yield Server(url, proc.pid)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+class RawKokoro:
+    name = "raw"
+
+    def __init__(self) -> None:
+        self.settings = load_settings("cpu")
+        self.engine = KokoroEngine(self.settings.cache_dir, self.settings.models_dir / "kokoro",
+                                   runtime_options(self.settings))
+        self.engine.load()
+
+    def request(self, text: str) -> Sample:
+        segments = split_text(text, max_chars=self.engine.capabilities.max_segment_chars,
+                              first_max_chars=self.settings.first_segment_chars,
+                              growth=self.settings.segment_growth)
+        started = time.perf_counter()
+        first = 0.0
+        samples = 0
+        for segment in segments:
+            audio = self.engine.synthesize(SynthesisRequest(text=segment, voice=VOICE))
+            samples += len(audio)
+            first = first or time.perf_counter() - started
+        return Sample(first, time.perf_counter() - started, samples / SAMPLE_RATE)
+
+    def close(self) -> None:
+        self.engine.unload()
+
+
+class KokoroOnnxClient(_HttpSystem):
+    """The peer's own time: `X-Seconds` from inside its process. It answers once the whole text
+    is made (`create`), so its first audio is its total."""
+
+    name = "kokoro_onnx"
+
+    def request(self, text: str) -> Sample:
+        started = time.perf_counter()
+        response, _, size = self.post("/synthesize", {"text": text, "voice": PEER_VOICE},
+                                      started)
+        seconds = float(response.headers["x-seconds"])
+        return Sample(seconds, seconds, size / 4 / SAMPLE_RATE)
+
+
+class FastKokoroClient(_HttpSystem):
+    name = "fastkokoro"
+
+    def request(self, text: str) -> Sample:
+        started = time.perf_counter()
+        body = {"model": "kokoro", "input": text, "voice": PEER_VOICE, "response_format": "pcm",
+                "stream": True}
+        _, first, size = self.post("/v1/audio/speech", body, started)
+        return Sample(first, time.perf_counter() - started, size / 2 / SAMPLE_RATE)
+
+
+def simultaneous(systems: Sequence[System], counts: Sequence[int], n_sentences: int,
+                 rounds: int) -> dict[str, dict[int, dict[str, float]]]:
+    """`count` requests sent at once: first audio of each, the last one's and the median."""
+    out: dict[str, dict[int, dict[str, float]]] = {s.name: {} for s in systems}
+    for count in counts:
+        texts = [load.text(n_sentences, k) for k in range(count)]
+        firsts: dict[str, list[float]] = {s.name: [] for s in systems}
+        lasts: dict[str, list[float]] = {s.name: [] for s in systems}
+        totals: dict[str, list[float]] = {s.name: [] for s in systems}
+        for r in range(rounds):
+            for system in load._rotated(systems, r):
+                with concurrent.futures.ThreadPoolExecutor(count) as pool:
+                    samples = list(pool.map(system.request, texts))
+                ttfa = sorted(s.ttfa for s in samples)
+                firsts[system.name].append(statistics.median(ttfa))
+                lasts[system.name].append(ttfa[-1])
+                totals[system.name].append(max(s.total for s in samples))
+        for system in systems:
+            out[system.name][count] = {
+                "ttfa_median_s": round(statistics.median(firsts[system.name]), 3),
+                "ttfa_last_s": round(statistics.median(lasts[system.name]), 3),
+                "all_done_s": round(statistics.median(totals[system.name]), 3),
+            }
+            print(f"  {system.name:>12} x{count}: {out[system.name][count]}", flush=True)
+    return out
+
+
+def long_text(systems: Sequence[System], n_sentences: int, rounds: int) -> dict[str, Any]:
+    text = sentences(n_sentences)
+    runs: dict[str, list[Sample]] = {s.name: [] for s in systems}
+    for r in range(rounds):
+        for system in load._rotated(systems, r):
+            runs[system.name].append(system.request(text))
+    out = {name: {"total_s": round(statistics.median(s.total for s in samples), 3),
+                  "ttfa_s": round(statistics.median(s.ttfa for s in samples), 3),
+                  "audio_s": round(statistics.median(s.audio_s for s in samples), 2)}
+           for name, samples in runs.items()}
+    for name, row in out.items():
+        print(f"  {name:>12}: {row}", flush=True)
+    return {"sentences": n_sentences, "chars": len(text), "rounds": rounds, "systems": out}
+
+
+def measure(quick: bool) -> dict[str, Any]:
+    python = str(peer_python())
+    logs = ROOT / "var" / "bench"
+    phases: dict[str, Any] = {}
+    result: dict[str, Any] = {"quick": quick, "voice": VOICE, "voxmux_env": VOXMUX_ENV,
+                              "peers": list(REQUIREMENTS), "phases": phases}
+    with ExitStack() as stack:
+        raw = RawKokoro()
+        stack.callback(raw.close)
+        model = assemble_model(raw.settings.cache_dir).resolve()
+        voices = voices_file(raw.engine, logs)
+        vox = stack.enter_context(voxmux_process(VOXMUX_ENV))
+        onnx_peer = stack.enter_context(_process(
+            [python, str(ROOT / "bench" / "peers" / "kokoro_onnx_server.py"), str(model),
+             str(voices), "{port}"], {}, "/", logs / "kokoro_onnx.log"))
+        fast_env = {"FASTKOKORO_MODEL_PATH": str(model), "FASTKOKORO_VOICES_PATH": str(voices),
+                    "FASTKOKORO_CACHE_DIR": str(logs / "fastkokoro-cache"),
+                    "FASTKOKORO_DEFAULT_VOICE": PEER_VOICE, "FASTKOKORO_HOST": "127.0.0.1",
+                    "FASTKOKORO_PORT": "{port}", "HF_HUB_OFFLINE": "1"}
+        fast = stack.enter_context(_process([str(VENV / "bin" / "fastkokoro")], fast_env,
+                                            "/health", logs / "fastkokoro.log"))
+        voxmux = VoxMuxClient(vox.url, model="kokoro")
+        peer_onnx = KokoroOnnxClient(onnx_peer.url)
+        peer_fast = FastKokoroClient(fast.url)
+        for client in (voxmux, peer_onnx, peer_fast):
+            stack.callback(client.close)
+        systems: list[System] = [raw, voxmux, peer_onnx, peer_fast]
+        result["rss_mb"] = {"voxmux": round(vox.rss() / 1e6, 1),
+                            "kokoro_onnx": round(onnx_peer.rss() / 1e6, 1),
+                            "fastkokoro": round(fast.rss() / 1e6, 1)}
+
+        levels = (1, 2) if quick else (1, 4, 8)
+        with _phase("throughput", phases):
+            reference = load.reference_lengths(raw, 5, 8, repeats=1)
+            result["throughput"] = {"sentences": 5, "systems": load.throughput_levels(
+                systems, levels, 5, per_worker=1, minimum=2 if quick else 4,
+                per_level=2 if quick else 8, reference=reference)}
+        with _phase("latency", phases):
+            result["latency"] = {}
+            for label, n in load.LENGTHS.items():
+                rounds = 1 if quick else {"short": 5, "medium": 3, "long": 1}[label]
+                print(f"latency {label} ({n} sentences, {rounds} rounds)", flush=True)
+                result["latency"][label] = load.latency(systems, n, rounds)
+        with _phase("simultaneous", phases):
+            result["simultaneous"] = {"sentences": 5, "systems": simultaneous(
+                systems[1:], (1, 4) if quick else (1, 4, 8), 5, 1)}
+        with _phase("long_text", phases):
+            result["long_text"] = long_text([raw, voxmux, peer_onnx], 8 if quick else 30, 1)
+    return result
+
+
+@contextmanager
+def _phase(name: str, phases: dict[str, Any]) -> Iterator[None]:
+    print(f"== {name}", flush=True)
+    started = time.perf_counter()
+    other = OtherWork()
+    yield
+    phases[name] = {"seconds": round(time.perf_counter() - started, 1),
+                    "other_work": other.shares()}
+    print(f"== {name} done: {phases[name]}", flush=True)
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}" if b else "n/a"
+
+
+def summary(result: dict[str, Any]) -> str:
+    """The Markdown tables of `kokoro.md` (ratios first: they survive a noisy machine)."""
+    lines = ["# Kokoro benchmark", "",
+             f"{result['machine']['cpu_model']}, {result['machine']['cpus']} CPUs, "
+             f"{result['machine']['date']}. Voice {result['voice']}, int8 weights. "
+             "Reproduce: `.venv/bin/python -m bench.kokoro`.", ""]
+    phases = result["phases"]
+    lines += ["Share of the machine other processes took during each phase: " + ", ".join(
+        f"{k} {v['other_work']['others']:.0%}" for k, v in phases.items()) + ".", ""]
+    systems = result["throughput"]["systems"]
+    lines += ["## Throughput (audio seconds per wall second, five-sentence texts)", "",
+              "| concurrency | raw | VoxMux | kokoro-onnx | fastkokoro | VoxMux / raw "
+              "| VoxMux / kokoro-onnx | VoxMux / fastkokoro | CPU s per audio s (VoxMux) |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for level in systems["voxmux"]:
+        row = {name: systems[name][level]["audio_s_per_s"] for name in systems}
+        lines.append(
+            f"| {level} | {row['raw']:.2f} | {row['voxmux']:.2f} | {row['kokoro_onnx']:.2f} "
+            f"| {row['fastkokoro']:.2f} | {_ratio(row['voxmux'], row['raw'])} "
+            f"| {_ratio(row['voxmux'], row['kokoro_onnx'])} "
+            f"| {_ratio(row['voxmux'], row['fastkokoro'])} "
+            f"| {systems['voxmux'][level]['cpu_s_per_audio_s']:.3f} |")
+    lines += ["", "## One request: first audio and whole time, p50 (ms)", "",
+              "| text | VoxMux first audio | raw first segment | fastkokoro first audio "
+              "| VoxMux total | raw total | kokoro-onnx total | fastkokoro total |",
+              "|---|---|---|---|---|---|---|---|"]
+    for label, rows in result["latency"].items():
+        lines.append(
+            f"| {label} | {rows['voxmux']['ttfa_ms']['p50']:.0f} "
+            f"| {rows['raw']['ttfa_ms']['p50']:.0f} | {rows['fastkokoro']['ttfa_ms']['p50']:.0f} "
+            f"| {rows['voxmux']['total_ms']['p50']:.0f} | {rows['raw']['total_ms']['p50']:.0f} "
+            f"| {rows['kokoro_onnx']['total_ms']['p50']:.0f} "
+            f"| {rows['fastkokoro']['total_ms']['p50']:.0f} |")
+    sim = result["simultaneous"]["systems"]
+    lines += ["", "## Requests sent at once (five sentences each): first audio (s)", "",
+              "| requests | VoxMux median | VoxMux last | fastkokoro median | fastkokoro last "
+              "| kokoro-onnx last (whole text) |", "|---|---|---|---|---|---|"]
+    for count in sim["voxmux"]:
+        lines.append(
+            f"| {count} | {sim['voxmux'][count]['ttfa_median_s']:.2f} "
+            f"| {sim['voxmux'][count]['ttfa_last_s']:.2f} "
+            f"| {sim['fastkokoro'][count]['ttfa_median_s']:.2f} "
+            f"| {sim['fastkokoro'][count]['ttfa_last_s']:.2f} "
+            f"| {sim['kokoro_onnx'][count]['ttfa_last_s']:.2f} |")
+    long = result["long_text"]
+    rows = long["systems"]
+    lines += ["", f"## One long text ({long['sentences']} sentences, {long['chars']} characters)",
+              "", "| system | whole time (s) | first audio (s) | / kokoro-onnx |",
+              "|---|---|---|---|"]
+    for name, row in rows.items():
+        lines.append(f"| {name} | {row['total_s']:.2f} | {row['ttfa_s']:.2f} "
+                     f"| {_ratio(row['total_s'], rows['kokoro_onnx']['total_s'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="into bench/results/quick/")
+    args = parser.parse_args()
+    folder = RESULTS / "quick" if args.quick else RESULTS
+    path = write_result("kokoro", measure(args.quick), folder)
+    import json
+
+    (folder / "kokoro.md").write_text(summary(json.loads(path.read_text())))
+    print("wrote", path, "and", folder / "kokoro.md")
+
+
+if __name__ == "__main__":
+    main()

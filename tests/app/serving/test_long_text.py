@@ -1,0 +1,167 @@
+"""The longest input finishes on every model and every route, and `request_timeout` bounds one
+segment's wait and synthesis, never a long text that keeps speaking.
+
+Every route reads the same `SpeechJob`, whose per-segment timeout is the only one on the way
+(streamed HTTP and SSE through `JobResponse`, whole clips through `whole_clip`, both WebSocket
+framings through one session loop). So the cheap engine, eSpeak NG, runs the 4,096-character
+text on every route; Piper runs it once per kind of consumer (streamed HTTP, whole clip,
+WebSocket) with a timeout below the request's length; Kokoro, which takes minutes on this
+machine, runs it once with default settings, on LunaVox's whole-file `/v1/synth` (the case that
+used to answer 504).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.sync.client import connect
+
+from tests.conftest import Decoded, LiveServer, decode, start_server, test_settings
+
+SENTENCE = "Sentence {n} of this long text is spoken in full, and none of it may be cut. "
+
+
+def long_text(limit: int = 4096) -> str:
+    text, n = "", 1
+    while len(text) < limit:
+        text += SENTENCE.format(n=n)
+        n += 1
+    return text[:limit].rsplit(" ", 1)[0] + "."
+
+
+TEXT = long_text()
+
+
+def assert_whole(audio: Decoded) -> None:
+    """About 4 minutes of speech: 4,096 characters at 12 to 22 characters a second."""
+    assert len(TEXT) / 22 < audio.duration < len(TEXT) / 12, audio.duration
+    assert audio.rms > 0.01
+
+
+def ws_url(server: LiveServer, path: str) -> str:
+    return server.url.replace("http://", "ws://", 1) + path
+
+
+def openai_route(server: LiveServer, model: str) -> Decoded:
+    with server.client() as http:
+        response = http.post("/v1/audio/speech", json={
+            "model": model, "input": TEXT, "voice": "alloy", "response_format": "pcm"})
+    assert response.status_code == 200, response.text
+    return decode(response.content, "pcm", pcm_rate=int(response.headers["x-sample-rate"]))
+
+
+def sse_route(server: LiveServer, model: str) -> Decoded:
+    with server.client() as http:
+        response = http.post("/v1/audio/speech", json={
+            "model": model, "input": TEXT, "voice": "alloy", "response_format": "pcm",
+            "stream_format": "sse"})
+    events = [json.loads(line[6:]) for line in response.text.splitlines()
+              if line.startswith("data: ")]
+    assert events[-1]["type"] == "speech.audio.done", events[-1]
+    pcm = b"".join(base64.b64decode(e["audio"]) for e in events
+                   if e["type"] == "speech.audio.delta")
+    return decode(pcm, "pcm", pcm_rate=int(response.headers["x-sample-rate"]))
+
+
+def synth_route(server: LiveServer, model: str) -> Decoded:
+    response = httpx.post(server.url + "/v1/synth", json={"text": TEXT, "model": model},
+                          timeout=1500)  # Kokoro on a busy 2-core machine: many minutes
+    assert response.status_code == 200, response.text
+    return decode(response.content, "wav")
+
+
+def legacy_route(server: LiveServer, model: str) -> Decoded:
+    response = httpx.get(server.url + "/api/tts", params={"text": TEXT, "model": model},
+                         timeout=600)
+    assert response.status_code == 200, response.text
+    return decode(response.content, "wav")
+
+
+def legacy_stream_route(server: LiveServer, model: str) -> Decoded:
+    response = httpx.get(server.url + "/api/tts/stream", params={"text": TEXT, "model": model},
+                         timeout=600)
+    assert response.status_code == 200, response.text
+    return decode(response.content, "wav")
+
+
+def voxmux_ws_route(server: LiveServer, model: str) -> Decoded:
+    pcm, rate = b"", 0
+    with connect(ws_url(server, "/ws/v1/tts"), max_size=None, open_timeout=30) as ws:
+        ws.send(json.dumps({"model": model, "input": TEXT, "voice": "alloy"}))
+        while True:
+            frame = ws.recv(timeout=600)
+            if isinstance(frame, bytes):
+                pcm += frame
+                continue
+            message = json.loads(frame)
+            if message["type"] == "started":
+                rate = message["sample_rate"]
+            elif message["type"] != "progress" and message["type"] != "segment":
+                assert message["type"] == "done", message
+                break
+    return decode(pcm, "pcm", pcm_rate=rate)
+
+
+def lunavox_ws_route(server: LiveServer, model: str) -> Decoded:
+    pcm = b""
+    with connect(ws_url(server, "/v1/stream"), max_size=None, open_timeout=30) as ws:
+        ws.send(json.dumps({"text": TEXT, "model": model}))
+        while isinstance(frame := ws.recv(timeout=600), bytes):
+            pcm += frame
+    done = json.loads(frame)
+    assert done["done"] is True, done
+    return decode(pcm, "pcm", pcm_rate=done["sample_rate"])
+
+
+Route = Callable[[LiveServer, str], Decoded]
+ROUTES: dict[str, Route] = {
+    "openai": openai_route, "sse": sse_route, "synth": synth_route, "legacy": legacy_route,
+    "legacy-stream": legacy_stream_route, "voxmux-ws": voxmux_ws_route,
+    "lunavox-ws": lunavox_ws_route,
+}
+
+PIPER_TIMEOUT = 8.0
+"""Far above one Piper segment (about a second for 400 characters here, 4 s with the machine
+shared by a few test suites), below the whole text (4 minutes of audio at ~20x real time: 12 s
+or more)."""
+
+
+@pytest.fixture(scope="module")
+def short_timeout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    tmp: Path = tmp_path_factory.mktemp("long-text")
+    live = start_server(test_settings(tmp, preload=["piper", "espeak"], cache_max_items=0,
+                                      request_timeout=PIPER_TIMEOUT))
+    yield live
+    live.stop()
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_longest_input_finishes_on_every_route(short_timeout: LiveServer, route: str) -> None:
+    assert_whole(ROUTES[route](short_timeout, "espeak"))
+
+
+@pytest.mark.parametrize("route", ["openai", "synth", "voxmux-ws"])
+def test_a_long_text_outlives_the_timeout(short_timeout: LiveServer, route: str) -> None:
+    started = time.monotonic()
+    audio = ROUTES[route](short_timeout, "piper")
+    elapsed = time.monotonic() - started
+    assert_whole(audio)
+    assert elapsed > PIPER_TIMEOUT, elapsed  # the request itself lasted longer
+
+
+@pytest.mark.timeout(1800)
+def test_kokoro_longest_input_on_the_whole_file_route(tmp_path: Path) -> None:
+    """Default settings: minutes of Kokoro synthesis (100 s on an idle machine here, more on a
+    busy one) answered whole, where a whole-request timeout used to answer 504."""
+    live = start_server(test_settings(tmp_path, preload=["kokoro"], cache_max_items=0))
+    try:
+        audio = synth_route(live, "kokoro")
+    finally:
+        live.stop()
+    assert_whole(audio)
