@@ -116,6 +116,9 @@ class _HttpSystem:
         while block := response.read1(1 << 16):
             first = first or time.perf_counter() - started
             size += len(block)
+        # A sized body read to its end with read1 leaves the response open, and the connection
+        # then refuses its next request; closing it keeps the connection for the next one.
+        response.close()
         return response, first, size
 
     def close(self) -> None:

@@ -1,6 +1,8 @@
 """Time to first audio against whole-response time, per engine, for 1, 5 and 20 sentences.
 
 Run: `.venv/bin/python -m bench.ttfa` (starts its own server; writes bench/results/ttfa.json).
+Each repeat starts at another of the benchmark's sentences (all 46-55 characters, the cache is
+off), so the first segment is what a real text's would be.
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ import time
 
 import httpx
 
-from bench.common import sentences, voxmux_server, write_result
+from bench.common import voxmux_server, write_result
+from bench.load import text
 
 MODELS = ("kokoro", "piper", "espeak")
 LENGTHS = (1, 5, 20)
@@ -37,8 +40,7 @@ def main() -> None:
         for model in MODELS:
             measure(client, model, "Warm up.")
             for n in LENGTHS:
-                runs = [measure(client, model, f"Run {i}. " + sentences(n))
-                        for i in range(REPEATS)]
+                runs = [measure(client, model, text(n, i)) for i in range(REPEATS)]
                 ttfa = sorted(r[0] for r in runs)[REPEATS // 2]
                 total = sorted(r[1] for r in runs)[REPEATS // 2]
                 rows.append({"model": model, "sentences": n, "ttfa_s": round(ttfa, 3),

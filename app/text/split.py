@@ -26,6 +26,8 @@ from app.text import punctuation as P
 # cut there leaves the word hanging off the end of a segment, spoken with a final fall.
 _SENTENCE, _PHRASE, _WEAK, _SPACE, _SPACE_AFTER_SHORT, _UNDECIDED = 5, 4, 3, 2, 1, 0
 _SHORT_WORD = 3
+MIN_REST = 20
+"""Characters of its sentence a first segment cut inside it must leave to the next segment."""
 
 
 def _marks(kind: str) -> str:
@@ -234,10 +236,25 @@ class IncrementalSplitter:
             self._buffer = self._buffer.lstrip()
             limit = self.first_max_chars if self._first else self.max_chars
             cut = _next_cut(self._buffer, limit, self.min_chars, final)
+            if cut is not None and self._first and limit < self.max_chars:
+                cut = self._first_cut(cut, final)
             if cut is None:
                 return segments
             segments.append(self._buffer[:cut].rstrip())
             self._buffer, self._first = self._buffer[cut:], False
+
+    def _first_cut(self, cut: int, final: bool) -> int | None:
+        """A first segment cut inside its sentence keeps the cut only when at least `MIN_REST`
+        characters of the sentence follow it: a word or two left alone ("... tomorrow" +
+        "morning.") is spoken as an utterance of its own, and listeners (and Whisper) lose it.
+        Otherwise the whole sentence is the first segment (within `max_chars`), or, while the
+        sentence is still arriving, the cut waits for more text."""
+        if join_kind(self._buffer[:cut]) == "sentence":
+            return cut
+        whole = _next_cut(self._buffer, self.max_chars, self.min_chars, final)
+        if whole is None:
+            return cut if len(self._buffer) - cut >= MIN_REST else None
+        return cut if whole - cut >= MIN_REST else whole
 
 
 def split_text(

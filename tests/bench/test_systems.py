@@ -98,3 +98,25 @@ def test_an_error_status_fails_the_request_with_the_body(
             client.request("one")
     finally:
         client.close()
+
+
+class _KeepAliveHandler(_ClosingHandler):
+    """Sized bodies on a connection that stays open (kokoro-onnx's benchmark server does this)."""
+
+    def do_POST(self) -> None:
+        super().do_POST()
+        self.close_connection = False
+
+
+def test_sized_bodies_on_one_kept_alive_connection() -> None:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _KeepAliveHandler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    client = VoxMuxClient(f"http://127.0.0.1:{httpd.server_address[1]}")
+    try:
+        samples = [client.request(text) for text in ("one", "two", "three")]
+    finally:
+        client.close()
+        httpd.shutdown()
+        httpd.server_close()
+    assert [s.audio_s for s in samples] == [1.0, 1.0, 1.0]

@@ -93,8 +93,10 @@ def test_sse_events_carry_the_audio_and_usage(server: LiveServer) -> None:
 
 
 async def test_segment_joins_are_click_free_and_unclipped(tmp_path: Path) -> None:
-    # One sentence per segment (no packing): four sentences, three joins to check.
-    app = create_app(test_settings(tmp_path, preload=[], segment_growth=1))
+    # One whole sentence per segment (no first-segment cut, no packing): four sentences, three
+    # sentence joins to check (a join inside a sentence: tests/app/serving/test_fairness.py).
+    app = create_app(test_settings(tmp_path, preload=[], segment_growth=1,
+                                   first_segment_chars=120))
     service = app.state.service
     try:
         for model in ("piper", "kokoro"):
