@@ -314,7 +314,8 @@ def pack(text: str, segments: list[str], *, first_max_chars: int, max_chars: int
          growth: float) -> list[str]:
     """Join neighbouring segments after the first while the joined slice of `text` fits the
     budget of its place: `first_max_chars * growth ** k` for the k-th segment, at most
-    `max_chars`. Joined segments are slices of `text` again (the space between kept)."""
+    `max_chars`. Joined segments are slices of `text` again (the space between kept). A
+    paragraph break is never packed over: it keeps its segment boundary and its pause."""
     if growth <= 1 or len(segments) < 3:
         return segments
     offsets = segment_offsets(text, segments)
@@ -322,7 +323,8 @@ def pack(text: str, segments: list[str], *, first_max_chars: int, max_chars: int
     start = end = -1
     for segment, offset in zip(segments[1:], offsets[1:], strict=True):
         budget = min(max_chars, int(first_max_chars * growth ** len(packed)))
-        if start >= 0 and offset + len(segment) - start <= budget:
+        paragraph = text[end:offset].count("\n") >= 2 if start >= 0 else False
+        if start >= 0 and not paragraph and offset + len(segment) - start <= budget:
             end = offset + len(segment)
             continue
         if start >= 0:

@@ -297,6 +297,13 @@ def test_packing_grows_each_budget_up_to_the_engine_limit_at_sentence_ends() -> 
     assert all(TRAIN[o : o + len(s)] == s for o, s in zip(starts, packed, strict=True))
 
 
+def test_packing_keeps_paragraph_breaks_as_boundaries() -> None:
+    text = "First words here. Second one is here. Third one too.\n\nA new paragraph. And more."
+    packed = split_text(text, max_chars=300, first_max_chars=20, growth=4)
+    assert packed == ["First words here.", "Second one is here. Third one too.",
+                      "A new paragraph. And more."]
+
+
 def test_no_growth_keeps_one_sentence_per_segment() -> None:
     segments = split_text(TRAIN, max_chars=300, first_max_chars=120, growth=1)
     assert len(segments) == 30
