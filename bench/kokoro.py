@@ -49,7 +49,7 @@ from bench.common import (
     voxmux_process,
     write_result,
 )
-from bench.systems import Sample, System, VoxMuxClient, _HttpSystem
+from bench.systems import HttpSystem, Sample, System, VoxMuxClient
 from engines.base import SynthesisRequest
 from engines.kokoro import SAMPLE_RATE, KokoroEngine, assemble_model
 
@@ -109,7 +109,7 @@ class RawKokoro:
         self.engine.unload()
 
 
-class KokoroOnnxClient(_HttpSystem):
+class KokoroOnnxClient(HttpSystem):
     """The peer's own time: `X-Seconds` from inside its process. It answers once the whole text
     is made (`create`), so its first audio is its total."""
 
@@ -123,7 +123,7 @@ class KokoroOnnxClient(_HttpSystem):
         return Sample(seconds, seconds, size / 4 / SAMPLE_RATE)
 
 
-class FastKokoroClient(_HttpSystem):
+class FastKokoroClient(HttpSystem):
     name = "fastkokoro"
 
     def request(self, text: str) -> Sample:
@@ -144,7 +144,7 @@ def simultaneous(systems: Sequence[System], counts: Sequence[int], n_sentences: 
         lasts: dict[str, list[float]] = {s.name: [] for s in systems}
         totals: dict[str, list[float]] = {s.name: [] for s in systems}
         for r in range(rounds):
-            for system in load._rotated(systems, r):
+            for system in load.rotated(systems, r):
                 with concurrent.futures.ThreadPoolExecutor(count) as pool:
                     samples = list(pool.map(system.request, texts))
                 ttfa = sorted(s.ttfa for s in samples)
@@ -165,7 +165,7 @@ def long_text(systems: Sequence[System], n_sentences: int, rounds: int) -> dict[
     text = sentences(n_sentences)
     runs: dict[str, list[Sample]] = {s.name: [] for s in systems}
     for r in range(rounds):
-        for system in load._rotated(systems, r):
+        for system in load.rotated(systems, r):
             runs[system.name].append(system.request(text))
     out = {name: {"total_s": round(statistics.median(s.total for s in samples), 3),
                   "ttfa_s": round(statistics.median(s.ttfa for s in samples), 3),

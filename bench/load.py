@@ -35,7 +35,7 @@ def text(sentences: int, variant: int) -> str:
     return " ".join(SENTENCES[(variant + k) % len(SENTENCES)] for k in range(sentences))
 
 
-def _rotated(systems: Sequence[System], shift: int) -> list[System]:
+def rotated(systems: Sequence[System], shift: int) -> list[System]:
     shift %= len(systems)
     return [*systems[shift:], *systems[:shift]]
 
@@ -46,7 +46,7 @@ def latency(systems: Sequence[System], sentences: int, rounds: int) -> dict[str,
         system.request(text(1, 0))
     samples: dict[str, list[Sample]] = {s.name: [] for s in systems}
     for i in range(rounds):
-        for system in _rotated(systems, i):
+        for system in rotated(systems, i):
             samples[system.name].append(system.request(text(sentences, i)))
     return {name: _summary(runs) for name, runs in samples.items()}
 
@@ -124,7 +124,7 @@ def throughput_levels(systems: Sequence[System], levels: Sequence[int], sentence
         texts = [text(sentences, k) for k in range(count)]
         runs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in systems}
         for _ in range(max(1, per_level // count)):
-            for system in _rotated(systems, turn):
+            for system in rotated(systems, turn):
                 runs[system.name].append(throughput(system, workers, texts, reference))
             turn += 1
         for name, parts in runs.items():

@@ -74,7 +74,7 @@ class RawPiper:
         self.engine.unload()
 
 
-class _HttpSystem:
+class HttpSystem:
     """One keep-alive connection per calling thread, so concurrent workers never share a socket.
 
     The load generator shares the machine with the server it measures, so it is kept lean: the
@@ -132,7 +132,7 @@ MP3_BIT_RATE = 128_000
 """VoxMux's constant mp3 bit rate: its byte count gives the audio length."""
 
 
-class VoxMuxClient(_HttpSystem):
+class VoxMuxClient(HttpSystem):
     def __init__(self, url: str, name: str = "voxmux", model: str = "piper",
                  fmt: str = "pcm") -> None:
         super().__init__(url)
@@ -149,7 +149,7 @@ class VoxMuxClient(_HttpSystem):
         return Sample(first, time.perf_counter() - started, audio_s)
 
 
-class PeerClient(_HttpSystem):
+class PeerClient(HttpSystem):
     name = "peer"
 
     def __init__(self, url: str, sample_rate: int) -> None:
