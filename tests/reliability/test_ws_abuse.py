@@ -240,8 +240,11 @@ def test_text_backlog_over_the_limit_closes_with_1008(live: LiveServer) -> None:
         conn.send(json.dumps({"model": MODEL}))
         assert json.loads(conn.recv(timeout=30))["type"] == "started"
         conn.send(json.dumps({"text": "SLOW first sentence here. "}))
-        for i in range(10):  # sent while the first sentence takes its time
-            conn.send(json.dumps({"text": f"Sentence {i} goes on for a while. " * 15}))
+        try:
+            for i in range(10):  # sent while the first sentence takes its time
+                conn.send(json.dumps({"text": f"Sentence {i} goes on for a while. " * 15}))
+        except ConnectionClosed:
+            pass  # the server may close before a flooding client has sent everything
         frames, code = read_all(conn)
     assert code == 1008
     error = assert_openai_error({"error": json_frames(frames)[-1]["error"]})
