@@ -17,7 +17,7 @@ leaks into VoxMux's environment. Phases, interleaved round by round:
 1. throughput at concurrency 1, 4, 8 (five-sentence texts), with CPU seconds per audio second;
 2. latency and first audio for one request of 1, 5 and 20 sentences;
 3. first audio of each of 1, 4 and 8 requests sent at once (the last one's is the figure);
-4. one long text (30 sentences), whole time.
+4. one long text (30 sentences), whole time, three rounds.
 Every phase records the share of the machine other processes took while it ran.
 """
 
@@ -79,7 +79,7 @@ def voices_file(engine: KokoroEngine, folder: Path) -> Path:
     """The voice as kokoro-onnx reads voice packs: one (rows, 1, 256) array per name."""
     path = folder / "voices-bench.npz"
     table = engine._style_table(VOICE)
-    np.savez(path, **{PEER_VOICE: table.reshape(-1, 1, 256)})
+    np.savez(path, **{PEER_VOICE: table.reshape(-1, 1, 256)})  # type: ignore[arg-type]
     return path
 
 
@@ -167,9 +167,14 @@ def long_text(systems: Sequence[System], n_sentences: int, rounds: int) -> dict[
     for r in range(rounds):
         for system in load.rotated(systems, r):
             runs[system.name].append(system.request(text))
+    reference = runs["kokoro_onnx"]
     out = {name: {"total_s": round(statistics.median(s.total for s in samples), 3),
                   "ttfa_s": round(statistics.median(s.ttfa for s in samples), 3),
-                  "audio_s": round(statistics.median(s.audio_s for s in samples), 2)}
+                  "audio_s": round(statistics.median(s.audio_s for s in samples), 2),
+                  # each round's ratio to kokoro-onnx in the same round: the machine's speed
+                  # drifts by 5-15 % within an hour, so a ratio of medians would carry it
+                  "per_round_ratio": [round(s.total / r.total, 3)
+                                      for s, r in zip(samples, reference, strict=True)]}
            for name, samples in runs.items()}
     for name, row in out.items():
         print(f"  {name:>12}: {row}", flush=True)
@@ -224,7 +229,8 @@ def measure(quick: bool) -> dict[str, Any]:
             result["simultaneous"] = {"sentences": 5, "systems": simultaneous(
                 systems[1:], (1, 4) if quick else (1, 4, 8), 5, 1)}
         with _phase("long_text", phases):
-            result["long_text"] = long_text([raw, voxmux, peer_onnx], 8 if quick else 30, 1)
+            result["long_text"] = long_text([raw, voxmux, peer_onnx], 8 if quick else 30,
+                                             1 if quick else 3)
     return result
 
 
@@ -290,11 +296,15 @@ def summary(result: dict[str, Any]) -> str:
     long = result["long_text"]
     rows = long["systems"]
     lines += ["", f"## One long text ({long['sentences']} sentences, {long['chars']} characters)",
-              "", "| system | whole time (s) | first audio (s) | / kokoro-onnx |",
-              "|---|---|---|---|"]
+              "", f"{long['rounds']} rounds, median; the ratio is each round's against "
+              "kokoro-onnx in the same round.", "",
+              "| system | whole time (s) | first audio (s) | / kokoro-onnx, median "
+              "| / kokoro-onnx, each round |", "|---|---|---|---|---|"]
     for name, row in rows.items():
+        each = row.get("per_round_ratio") or [row["total_s"] / rows["kokoro_onnx"]["total_s"]]
         lines.append(f"| {name} | {row['total_s']:.2f} | {row['ttfa_s']:.2f} "
-                     f"| {_ratio(row['total_s'], rows['kokoro_onnx']['total_s'])} |")
+                     f"| {statistics.median(each):.2f} "
+                     f"| {' '.join(f'{r:.2f}' for r in each)} |")
     return "\n".join(lines) + "\n"
 
 

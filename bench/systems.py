@@ -17,6 +17,7 @@ import select
 import threading
 import time
 import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -100,7 +101,7 @@ class HttpSystem:
             conn.close()  # the server closed the idle connection; the request reconnects
         return conn
 
-    def post(self, path: str, payload: dict[str, object], started: float
+    def post(self, path: str, payload: Mapping[str, object], started: float
              ) -> tuple[http.client.HTTPResponse, float, int]:
         """POST JSON and read the whole body: the response (headers), seconds from `started` to
         the first body bytes, and the body's size."""
