@@ -202,3 +202,16 @@ def write_result(name: str, data: dict[str, Any], folder: Path = RESULTS) -> Pat
     path = folder / f"{name}.json"
     path.write_text(json.dumps({"machine": machine(), **data}, indent=2) + "\n")
     return path
+
+
+@contextmanager
+def timed_phase(name: str, phases: dict[str, Any]) -> Iterator[None]:
+    """Run a benchmark phase: its seconds and the share of the machine other work took in
+    it, into `phases[name]`."""
+    print(f"== {name}", flush=True)
+    started = time.perf_counter()
+    other = OtherWork()
+    yield
+    phases[name] = {"seconds": round(time.perf_counter() - started, 1),
+                    "other_work": other.shares()}
+    print(f"== {name} done: {phases[name]}", flush=True)

@@ -24,13 +24,11 @@ Every phase records the share of the machine other processes took while it ran.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +41,8 @@ from bench import load
 from bench.common import (
     RESULTS,
     ROOT,
-    OtherWork,
     process_server,
-    sentences,
+    timed_phase,
     voxmux_process,
     write_result,
 )
@@ -134,53 +131,6 @@ class FastKokoroClient(HttpSystem):
         return Sample(first, time.perf_counter() - started, size / 2 / SAMPLE_RATE)
 
 
-def simultaneous(systems: Sequence[System], counts: Sequence[int], n_sentences: int,
-                 rounds: int) -> dict[str, dict[int, dict[str, float]]]:
-    """`count` requests sent at once: first audio of each, the last one's and the median."""
-    out: dict[str, dict[int, dict[str, float]]] = {s.name: {} for s in systems}
-    for count in counts:
-        texts = [load.text(n_sentences, k) for k in range(count)]
-        firsts: dict[str, list[float]] = {s.name: [] for s in systems}
-        lasts: dict[str, list[float]] = {s.name: [] for s in systems}
-        totals: dict[str, list[float]] = {s.name: [] for s in systems}
-        for r in range(rounds):
-            for system in load.rotated(systems, r):
-                with concurrent.futures.ThreadPoolExecutor(count) as pool:
-                    samples = list(pool.map(system.request, texts))
-                ttfa = sorted(s.ttfa for s in samples)
-                firsts[system.name].append(statistics.median(ttfa))
-                lasts[system.name].append(ttfa[-1])
-                totals[system.name].append(max(s.total for s in samples))
-        for system in systems:
-            out[system.name][count] = {
-                "ttfa_median_s": round(statistics.median(firsts[system.name]), 3),
-                "ttfa_last_s": round(statistics.median(lasts[system.name]), 3),
-                "all_done_s": round(statistics.median(totals[system.name]), 3),
-            }
-            print(f"  {system.name:>12} x{count}: {out[system.name][count]}", flush=True)
-    return out
-
-
-def long_text(systems: Sequence[System], n_sentences: int, rounds: int) -> dict[str, Any]:
-    text = sentences(n_sentences)
-    runs: dict[str, list[Sample]] = {s.name: [] for s in systems}
-    for r in range(rounds):
-        for system in load.rotated(systems, r):
-            runs[system.name].append(system.request(text))
-    reference = runs["kokoro_onnx"]
-    out = {name: {"total_s": round(statistics.median(s.total for s in samples), 3),
-                  "ttfa_s": round(statistics.median(s.ttfa for s in samples), 3),
-                  "audio_s": round(statistics.median(s.audio_s for s in samples), 2),
-                  # each round's ratio to kokoro-onnx in the same round: the machine's speed
-                  # drifts by 5-15 % within an hour, so a ratio of medians would carry it
-                  "per_round_ratio": [round(s.total / r.total, 3)
-                                      for s, r in zip(samples, reference, strict=True)]}
-           for name, samples in runs.items()}
-    for name, row in out.items():
-        print(f"  {name:>12}: {row}", flush=True)
-    return {"sentences": n_sentences, "chars": len(text), "rounds": rounds, "systems": out}
-
-
 def measure(quick: bool) -> dict[str, Any]:
     python = str(peer_python())
     logs = ROOT / "var" / "bench"
@@ -214,35 +164,24 @@ def measure(quick: bool) -> dict[str, Any]:
                             "fastkokoro": round(fast.rss() / 1e6, 1)}
 
         levels = (1, 2) if quick else (1, 4, 8)
-        with _phase("throughput", phases):
+        with timed_phase("throughput", phases):
             reference = load.reference_lengths(raw, 5, 8, repeats=1)
             result["throughput"] = {"sentences": 5, "systems": load.throughput_levels(
                 systems, levels, 5, per_worker=1, minimum=2 if quick else 4,
                 per_level=2 if quick else 8, reference=reference)}
-        with _phase("latency", phases):
+        with timed_phase("latency", phases):
             result["latency"] = {}
             for label, n in load.LENGTHS.items():
                 rounds = 1 if quick else {"short": 5, "medium": 3, "long": 1}[label]
                 print(f"latency {label} ({n} sentences, {rounds} rounds)", flush=True)
                 result["latency"][label] = load.latency(systems, n, rounds)
-        with _phase("simultaneous", phases):
-            result["simultaneous"] = {"sentences": 5, "systems": simultaneous(
+        with timed_phase("simultaneous", phases):
+            result["simultaneous"] = {"sentences": 5, "systems": load.simultaneous(
                 systems[1:], (1, 4) if quick else (1, 4, 8), 5, 1)}
-        with _phase("long_text", phases):
-            result["long_text"] = long_text([raw, voxmux, peer_onnx], 8 if quick else 30,
-                                             1 if quick else 3)
+        with timed_phase("long_text", phases):
+            result["long_text"] = load.long_text([raw, voxmux, peer_onnx], 8 if quick else 30,
+                                                  1 if quick else 3, reference="kokoro_onnx")
     return result
-
-
-@contextmanager
-def _phase(name: str, phases: dict[str, Any]) -> Iterator[None]:
-    print(f"== {name}", flush=True)
-    started = time.perf_counter()
-    other = OtherWork()
-    yield
-    phases[name] = {"seconds": round(time.perf_counter() - started, 1),
-                    "other_work": other.shares()}
-    print(f"== {name} done: {phases[name]}", flush=True)
 
 
 def _ratio(a: float, b: float) -> str:

@@ -13,6 +13,7 @@ but not this, so it shows what each system costs even on a noisy host.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import queue
 import statistics
@@ -21,7 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from bench.common import SENTENCES, percentiles, tree_cpu_seconds
+from bench.common import SENTENCES, percentiles, sentences, tree_cpu_seconds
 from bench.systems import Sample, System
 
 LENGTHS = {"short": 1, "medium": 5, "long": 20}
@@ -152,3 +153,53 @@ def reference_lengths(raw: System, sentences: int, variants: int, repeats: int
         item = text(sentences, k)
         lengths[item] = statistics.fmean(raw.request(item).audio_s for _ in range(repeats))
     return lengths
+
+
+def simultaneous(systems: Sequence[System], counts: Sequence[int], n_sentences: int,
+                 rounds: int) -> dict[str, dict[int, dict[str, float]]]:
+    """`count` requests sent at once: first audio of each, the last one's and the median."""
+    out: dict[str, dict[int, dict[str, float]]] = {s.name: {} for s in systems}
+    for count in counts:
+        texts = [text(n_sentences, k) for k in range(count)]
+        firsts: dict[str, list[float]] = {s.name: [] for s in systems}
+        lasts: dict[str, list[float]] = {s.name: [] for s in systems}
+        totals: dict[str, list[float]] = {s.name: [] for s in systems}
+        for r in range(rounds):
+            for system in rotated(systems, r):
+                with concurrent.futures.ThreadPoolExecutor(count) as pool:
+                    samples = list(pool.map(system.request, texts))
+                ttfa = sorted(s.ttfa for s in samples)
+                firsts[system.name].append(statistics.median(ttfa))
+                lasts[system.name].append(ttfa[-1])
+                totals[system.name].append(max(s.total for s in samples))
+        for system in systems:
+            out[system.name][count] = {
+                "ttfa_median_s": round(statistics.median(firsts[system.name]), 3),
+                "ttfa_last_s": round(statistics.median(lasts[system.name]), 3),
+                "all_done_s": round(statistics.median(totals[system.name]), 3),
+            }
+            print(f"  {system.name:>12} x{count}: {out[system.name][count]}", flush=True)
+    return out
+
+
+def long_text(systems: Sequence[System], n_sentences: int, rounds: int, *, reference: str
+              ) -> dict[str, Any]:
+    """One text of `n_sentences`, whole time per system, and each round's ratio to `reference`
+    in the same round: the machine's speed drifts by 5-15 % within an hour, so a ratio of
+    medians would carry that drift."""
+    whole = sentences(n_sentences)
+    runs: dict[str, list[Sample]] = {s.name: [] for s in systems}
+    for r in range(rounds):
+        for system in rotated(systems, r):
+            runs[system.name].append(system.request(whole))
+    against = runs[reference]
+    out = {name: {"total_s": round(statistics.median(s.total for s in samples), 3),
+                  "ttfa_s": round(statistics.median(s.ttfa for s in samples), 3),
+                  "audio_s": round(statistics.median(s.audio_s for s in samples), 2),
+                  "per_round_ratio": [round(s.total / r.total, 3)
+                                      for s, r in zip(samples, against, strict=True)]}
+           for name, samples in runs.items()}
+    for name, row in out.items():
+        print(f"  {name:>12}: {row}", flush=True)
+    return {"sentences": n_sentences, "chars": len(whole), "rounds": rounds,
+            "reference": reference, "systems": out}
