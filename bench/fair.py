@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from contextlib import ExitStack
 from typing import Any
@@ -108,7 +109,7 @@ def summary(result: dict[str, Any]) -> str:
     for name, row in long["systems"].items():
         each = row["per_round_ratio"]
         lines.append(f"| {name} | {row['total_s']:.2f} | {row['ttfa_s']:.2f} "
-                     f"| {sorted(each)[len(each) // 2]:.2f} "
+                     f"| {statistics.median(each):.2f} "
                      f"| {' '.join(f'{r:.2f}' for r in each)} |")
     return "\n".join(lines) + "\n"
 

@@ -9,6 +9,8 @@ work done per second; the audio each system actually delivered is recorded besid
 seconds per audio second count this process and every process under it (the raw engine or the
 client, and the servers): time the hypervisor gives to other machines stretches the wall clock
 but not this, so it shows what each system costs even on a noisy host.
+Simultaneous: `count` requests sent at once, the first audio of each. Long text: one long text
+per system and round, each round's time against a reference system's in the same round.
 """
 
 from __future__ import annotations
