@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -10,7 +11,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,3 +216,17 @@ def timed_phase(name: str, phases: dict[str, Any]) -> Iterator[None]:
     phases[name] = {"seconds": round(time.perf_counter() - started, 1),
                     "other_work": other.shares()}
     print(f"== {name} done: {phases[name]}", flush=True)
+
+
+def run_benchmark(name: str, description: str,
+                  measure: Callable[[bool], dict[str, Any]],
+                  summary: Callable[[dict[str, Any]], str]) -> None:
+    """A benchmark's command line: `--quick` writes into bench/results/quick/; the result goes
+    to `<name>.json` and its tables, rendered from that file, to `<name>.md`."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help="into bench/results/quick/")
+    args = parser.parse_args()
+    folder = RESULTS / "quick" if args.quick else RESULTS
+    path = write_result(name, measure(args.quick), folder)
+    (folder / f"{name}.md").write_text(summary(json.loads(path.read_text())))
+    print("wrote", path, "and", folder / f"{name}.md")

@@ -16,9 +16,6 @@ Phases, interleaved round by round:
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
 import time
 from contextlib import ExitStack
 from typing import Any
@@ -26,12 +23,11 @@ from typing import Any
 from app.settings import load_settings
 from bench import load
 from bench.common import (
-    RESULTS,
     ROOT,
     process_server,
+    run_benchmark,
     timed_phase,
     voxmux_process,
-    write_result,
 )
 from bench.peer import ensure_venv, voice_path
 from bench.systems import HttpSystem, RawPiper, Sample, System, VoxMuxClient
@@ -100,28 +96,12 @@ def summary(result: dict[str, Any]) -> str:
                                                                "piper_tts")
                  for key in ("ttfa_median_s", "ttfa_last_s")]
         lines.append(f"| {count} | " + " | ".join(cells) + " |")
-    long = result["long_text"]
-    lines += ["", f"## One long Piper text ({long['sentences']} sentences, {long['chars']} "
-              "characters)", "", f"{long['rounds']} rounds, median; the ratio is each round's "
-              "against piper-tts in the same round.", "",
-              "| system | whole time (s) | first audio (s) | / piper-tts, median "
-              "| / piper-tts, each round |", "|---|---|---|---|---|"]
-    for name, row in long["systems"].items():
-        each = row["per_round_ratio"]
-        lines.append(f"| {name} | {row['total_s']:.2f} | {row['ttfa_s']:.2f} "
-                     f"| {statistics.median(each):.2f} "
-                     f"| {' '.join(f'{r:.2f}' for r in each)} |")
+    lines += load.long_text_table(result["long_text"], "One long Piper text", "piper-tts")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="into bench/results/quick/")
-    args = parser.parse_args()
-    folder = RESULTS / "quick" if args.quick else RESULTS
-    path = write_result("fair", measure(args.quick), folder)
-    (folder / "fair.md").write_text(summary(json.loads(path.read_text())))
-    print("wrote", path, "and", folder / "fair.md")
+    run_benchmark("fair", __doc__.splitlines()[0], measure, summary)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,6 @@ Every phase records the share of the machine other processes took while it ran.
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import subprocess
 import sys
 import time
@@ -39,12 +37,11 @@ from app.settings import load_settings
 from app.text.split import split_text
 from bench import load
 from bench.common import (
-    RESULTS,
     ROOT,
     process_server,
+    run_benchmark,
     timed_phase,
     voxmux_process,
-    write_result,
 )
 from bench.systems import HttpSystem, Sample, System, VoxMuxClient
 from engines.base import SynthesisRequest
@@ -232,31 +229,12 @@ def summary(result: dict[str, Any]) -> str:
             f"| {sim['fastkokoro'][count]['ttfa_median_s']:.2f} "
             f"| {sim['fastkokoro'][count]['ttfa_last_s']:.2f} "
             f"| {sim['kokoro_onnx'][count]['ttfa_last_s']:.2f} |")
-    long = result["long_text"]
-    rows = long["systems"]
-    lines += ["", f"## One long text ({long['sentences']} sentences, {long['chars']} characters)",
-              "", f"{long['rounds']} rounds, median; the ratio is each round's against "
-              "kokoro-onnx in the same round.", "",
-              "| system | whole time (s) | first audio (s) | / kokoro-onnx, median "
-              "| / kokoro-onnx, each round |", "|---|---|---|---|---|"]
-    for name, row in rows.items():
-        each = row.get("per_round_ratio") or [row["total_s"] / rows["kokoro_onnx"]["total_s"]]
-        lines.append(f"| {name} | {row['total_s']:.2f} | {row['ttfa_s']:.2f} "
-                     f"| {statistics.median(each):.2f} "
-                     f"| {' '.join(f'{r:.2f}' for r in each)} |")
+    lines += load.long_text_table(result["long_text"], "One long text", "kokoro-onnx")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="into bench/results/quick/")
-    args = parser.parse_args()
-    folder = RESULTS / "quick" if args.quick else RESULTS
-    path = write_result("kokoro", measure(args.quick), folder)
-    import json
-
-    (folder / "kokoro.md").write_text(summary(json.loads(path.read_text())))
-    print("wrote", path, "and", folder / "kokoro.md")
+    run_benchmark("kokoro", __doc__.splitlines()[0], measure, summary)
 
 
 if __name__ == "__main__":

@@ -205,3 +205,22 @@ def long_text(systems: Sequence[System], n_sentences: int, rounds: int, *, refer
         print(f"  {name:>12}: {row}", flush=True)
     return {"sentences": n_sentences, "chars": len(whole), "rounds": rounds,
             "reference": reference, "systems": out}
+
+
+def long_text_table(long: dict[str, Any], title: str, peer: str) -> list[str]:
+    """The Markdown lines of a `long_text` result: whole time, first audio and the ratio to the
+    reference, the median and each round's (a result from before per-round ratios were kept
+    gets its one ratio of totals)."""
+    rows = long["systems"]
+    reference = rows[long.get("reference", "kokoro_onnx")]
+    lines = ["", f"## {title} ({long['sentences']} sentences, {long['chars']} characters)", "",
+             f"{long['rounds']} rounds, median; the ratio is each round's against {peer} in the "
+             "same round.", "",
+             f"| system | whole time (s) | first audio (s) | / {peer}, median "
+             f"| / {peer}, each round |", "|---|---|---|---|---|"]
+    for name, row in rows.items():
+        each = row.get("per_round_ratio") or [row["total_s"] / reference["total_s"]]
+        lines.append(f"| {name} | {row['total_s']:.2f} | {row['ttfa_s']:.2f} "
+                     f"| {statistics.median(each):.2f} "
+                     f"| {' '.join(f'{r:.2f}' for r in each)} |")
+    return lines
