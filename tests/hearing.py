@@ -55,11 +55,17 @@ def resample(samples: npt.NDArray[np.float32], rate: int, to: int = WHISPER_RATE
     return np.concatenate(out).astype(np.float32) if out else np.zeros(0, np.float32)
 
 
-def hear(samples: npt.NDArray[np.float32], rate: int) -> Heard:
-    """Transcribe `samples` (mono float at `rate`), greedy decoding, with word timings."""
+def hear(samples: npt.NDArray[np.float32], rate: int, **options: Any) -> Heard:
+    """Transcribe `samples` (mono float at `rate`), greedy decoding, with word timings.
+
+    Greedy only: by default Whisper decodes again by sampling at rising temperatures where greedy
+    decoding looks poor (robotic voices reading digits do that), and its sampler runs on in a
+    worker thread no seed reaches, so the same audio was heard differently from one call to the
+    next. `options` go to `transcribe`."""
     audio = resample(samples, rate)
-    segments, _ = _model().transcribe(audio, language="en", beam_size=1, word_timestamps=True,
-                                      condition_on_previous_text=False, vad_filter=False)
+    segments, _ = _model().transcribe(
+        audio, language="en", beam_size=1, word_timestamps=True, temperature=0.0,
+        condition_on_previous_text=False, vad_filter=False, **options)
     words = [HeardWord(w.word.strip(), float(w.start), float(w.end))
              for segment in segments for w in (segment.words or [])]
     return Heard(" ".join(w.word for w in words), words)
