@@ -55,17 +55,30 @@ def resample(samples: npt.NDArray[np.float32], rate: int, to: int = WHISPER_RATE
     return np.concatenate(out).astype(np.float32) if out else np.zeros(0, np.float32)
 
 
+LOOP_RATIO = 2.4
+"""A transcript whose gzip compression ratio is above this repeats itself (faster-whisper's own
+threshold for decoding again)."""
+
+
 def hear(samples: npt.NDArray[np.float32], rate: int, **options: Any) -> Heard:
     """Transcribe `samples` (mono float at `rate`), greedy decoding, with word timings.
 
-    Greedy only: by default Whisper decodes again by sampling at rising temperatures where greedy
-    decoding looks poor (robotic voices reading digits do that), and its sampler runs on in a
-    worker thread no seed reaches, so the same audio was heard differently from one call to the
-    next. `options` go to `transcribe`."""
+    Deterministic: Whisper's own remedy for a poor greedy decoding is to sample again at rising
+    temperatures, and its sampler runs on in a worker thread no seed reaches, so the same audio
+    was heard differently from one call to the next. Here a transcript that loops (Whisper
+    writing "5-5-5-..." for a phone number read by eSpeak NG) is decoded again, still greedily,
+    with a mild repetition penalty. `options` go to `transcribe`."""
     audio = resample(samples, rate)
-    segments, _ = _model().transcribe(
-        audio, language="en", beam_size=1, word_timestamps=True, temperature=0.0,
-        condition_on_previous_text=False, vad_filter=False, **options)
+
+    def transcribe(**extra: Any) -> list[Any]:
+        segments, _ = _model().transcribe(
+            audio, language="en", beam_size=1, word_timestamps=True, temperature=0.0,
+            condition_on_previous_text=False, vad_filter=False, **(options | extra))
+        return list(segments)
+
+    segments = transcribe()
+    if any(segment.compression_ratio > LOOP_RATIO for segment in segments):
+        segments = transcribe(repetition_penalty=1.1)
     words = [HeardWord(w.word.strip(), float(w.start), float(w.end))
              for segment in segments for w in (segment.words or [])]
     return Heard(" ".join(w.word for w in words), words)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from engines.base import SynthesisRequest
 from engines.espeak import EspeakEngine
+from tests import hearing
 from tests.hearing import hear, normalize, word_error_rate
 
 
@@ -43,3 +45,15 @@ def test_the_same_audio_is_always_heard_the_same() -> None:
         heard.append(hear(audio, engine.sample_rate, log_prob_threshold=0.0).text)
         hear(other, engine.sample_rate, log_prob_threshold=0.0)  # sampling in between
     assert len(set(heard)) == 1, heard
+
+
+def test_a_looping_transcript_is_decoded_again_and_still_heard_right(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every transcript counts as a loop here, so each is decoded again with the repetition
+    penalty: plain speech must still be heard word for word."""
+    engine = EspeakEngine()
+    engine.load()
+    text = "Please open the door and close the window."
+    audio = engine.synthesize(SynthesisRequest(text=text, voice="en-us"))
+    monkeypatch.setattr(hearing, "LOOP_RATIO", 0.0)
+    assert word_error_rate(text, hear(audio, engine.sample_rate).text) <= 0.15
