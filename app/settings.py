@@ -84,7 +84,8 @@ class Settings(BaseSettings):
     """Largest HTTP request body accepted; a larger one is refused with 413 before it is read."""
     first_segment_chars: int = Field(30, gt=10)
     """Budget of the first text segment, kept short so the first audio arrives early: the first
-    sentence when it fits, else cut at its last clause mark or word boundary within it."""
+    sentence when it fits, else cut at its last clause mark or word boundary within it. Routes
+    that answer with one file pack it like the rest; at the engine's limit every route does."""
     segment_growth: float = Field(2.0, ge=1.0)
     """After the first segment of a whole text, each segment's budget is this many times the
     one before (neighbouring sentences packed together, up to the engine's limit), so a long

@@ -9,6 +9,8 @@ into a voices file for the peers), same English texts. Systems:
   call per segment: the engine's cost and nothing else (the limit VoxMux is measured against).
 - `voxmux`: `voxmux serve` at the cpu profile's defaults, `POST /v1/audio/speech` as pcm, read
   as a stream.
+- `voxmux_whole`: the same with `VOXMUX_FIRST_SEGMENT_CHARS=450` (no short first segment: a
+  deployment for clients that want whole files), in the throughput and long-text phases.
 - `kokoro_onnx`: kokoro-onnx 0.6.1's `Kokoro.create` in a process of its own (its timing is
   taken inside that process, so no HTTP is counted against it); each request a thread.
 - `fastkokoro`: fastkokoro 0.7.0's OpenAI-compatible server, `stream: true`, pcm.
@@ -17,7 +19,7 @@ leaks into VoxMux's environment. Phases, interleaved round by round:
 1. throughput at concurrency 1, 4, 8 (five-sentence texts), with CPU seconds per audio second;
 2. latency and first audio for one request of 1, 5 and 20 sentences;
 3. first audio of each of 1, 4 and 8 requests sent at once (the last one's is the figure);
-4. one long text (30 sentences), whole time, three rounds.
+4. one long text (30 sentences), whole time, five rounds.
 Every phase records the share of the machine other processes took while it ran.
 """
 
@@ -56,6 +58,8 @@ PEER_VOICE = "af_alpha"
 another language than the text's (`j` is Japanese)."""
 VOXMUX_ENV = {"VOXMUX_PRELOAD": "kokoro", "VOXMUX_CACHE_MAX_ITEMS": "0", "VOXMUX_IDLE_TTL": "-1",
               "VOXMUX_QUEUE_SIZE": "64"}
+WHOLE_ENV = {**VOXMUX_ENV, "VOXMUX_FIRST_SEGMENT_CHARS": "450"}
+"""The first segment as large as the later ones: fewer engine calls, first audio later."""
 
 
 def peer_python() -> Path:
@@ -140,6 +144,7 @@ def measure(quick: bool) -> dict[str, Any]:
         model = assemble_model(raw.settings.cache_dir).resolve()
         voices = voices_file(raw.engine, logs)
         vox = stack.enter_context(voxmux_process(VOXMUX_ENV))
+        vox_whole = stack.enter_context(voxmux_process(WHOLE_ENV))
         onnx_peer = stack.enter_context(process_server(
             [python, str(ROOT / "bench" / "peers" / "kokoro_onnx_server.py"), str(model),
              str(voices), "{port}"], "/", logs / "kokoro_onnx.log", cwd=VENV))
@@ -151,9 +156,10 @@ def measure(quick: bool) -> dict[str, Any]:
                                                   logs / "fastkokoro.log", cwd=VENV,
                                                   env=fast_env))
         voxmux = VoxMuxClient(vox.url, model="kokoro")
+        whole = VoxMuxClient(vox_whole.url, name="voxmux_whole", model="kokoro")
         peer_onnx = KokoroOnnxClient(onnx_peer.url)
         peer_fast = FastKokoroClient(fast.url)
-        for client in (voxmux, peer_onnx, peer_fast):
+        for client in (voxmux, whole, peer_onnx, peer_fast):
             stack.callback(client.close)
         systems: list[System] = [raw, voxmux, peer_onnx, peer_fast]
         result["rss_mb"] = {"voxmux": round(vox.rss() / 1e6, 1),
@@ -164,8 +170,8 @@ def measure(quick: bool) -> dict[str, Any]:
         with timed_phase("throughput", phases):
             reference = load.reference_lengths(raw, 5, 8, repeats=1)
             result["throughput"] = {"sentences": 5, "systems": load.throughput_levels(
-                systems, levels, 5, per_worker=1, minimum=2 if quick else 4,
-                per_level=2 if quick else 8, reference=reference)}
+                [raw, voxmux, whole, peer_onnx, peer_fast], levels, 5, per_worker=1,
+                minimum=2 if quick else 4, per_level=2 if quick else 8, reference=reference)}
         with timed_phase("latency", phases):
             result["latency"] = {}
             for label, n in load.LENGTHS.items():
@@ -176,8 +182,9 @@ def measure(quick: bool) -> dict[str, Any]:
             result["simultaneous"] = {"sentences": 5, "systems": load.simultaneous(
                 systems[1:], (1, 4) if quick else (1, 4, 8), 5, 1)}
         with timed_phase("long_text", phases):
-            result["long_text"] = load.long_text([raw, voxmux, peer_onnx], 8 if quick else 30,
-                                                  1 if quick else 3, reference="kokoro_onnx")
+            result["long_text"] = load.long_text([raw, voxmux, whole, peer_onnx],
+                                                  8 if quick else 30, 1 if quick else 5,
+                                                  reference="kokoro_onnx")
     return result
 
 
@@ -207,6 +214,19 @@ def summary(result: dict[str, Any]) -> str:
             f"| {_ratio(row['voxmux'], row['kokoro_onnx'])} "
             f"| {_ratio(row['voxmux'], row['fastkokoro'])} "
             f"| {systems['voxmux'][level]['cpu_s_per_audio_s']:.3f} |")
+    if "voxmux_whole" in systems:
+        lines += ["", "Same rounds, VoxMux with `VOXMUX_FIRST_SEGMENT_CHARS=450` (no short first "
+                  "segment, for clients that want whole files):", "",
+                  "| concurrency | VoxMux (whole) | / raw | / kokoro-onnx | / fastkokoro "
+                  "| CPU s per audio s |", "|---|---|---|---|---|---|"]
+        for level, row in systems["voxmux_whole"].items():
+            rate = row["audio_s_per_s"]
+            lines.append(
+                f"| {level} | {rate:.2f} "
+                f"| {_ratio(rate, systems['raw'][level]['audio_s_per_s'])} "
+                f"| {_ratio(rate, systems['kokoro_onnx'][level]['audio_s_per_s'])} "
+                f"| {_ratio(rate, systems['fastkokoro'][level]['audio_s_per_s'])} "
+                f"| {row['cpu_s_per_audio_s']:.3f} |")
     lines += ["", "## One request: first audio and whole time, p50 (ms)", "",
               "| text | VoxMux first audio | raw first segment | fastkokoro first audio "
               "| VoxMux total | raw total | kokoro-onnx total | fastkokoro total |",

@@ -84,10 +84,10 @@ def choose_voice(options: SynthOptions) -> VoiceChoice:
     return VoiceChoice("custom", voice, tuple(ignored))
 
 
-def plan(service: SpeechService, options: SynthOptions, text: str | None, request_id: str
-         ) -> tuple[SpeechPlan, VoiceChoice]:
-    """Plan from LunaVox-style options (`text` None: streamed text follows); ignored fields also
-    become a warning."""
+def plan(service: SpeechService, options: SynthOptions, text: str | None, request_id: str,
+         whole: bool = False) -> tuple[SpeechPlan, VoiceChoice]:
+    """Plan from LunaVox-style options (`text` None: streamed text follows; `whole`: answered as
+    one file, see `SpeechService.plan`); ignored fields also become a warning."""
     choice = choose_voice(options)
     fields: dict[str, Any] = {
         "model": options.model or service.settings.default_model,
@@ -97,7 +97,8 @@ def plan(service: SpeechService, options: SynthOptions, text: str | None, reques
         "instructions": options.instructions,
         "request_id": request_id,
     }
-    planned = service.plan_stream(**fields) if text is None else service.plan(**fields, text=text)
+    planned = (service.plan_stream(**fields) if text is None
+               else service.plan(**fields, text=text, whole=whole))
     if choice.ignored:
         planned.warnings.append(f"ignored: {', '.join(choice.ignored)} (no sampling engine here)")
     return planned, choice

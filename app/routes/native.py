@@ -7,6 +7,7 @@ the legacy routes take HayaKoe's `speaker_name` as another name for `voice`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -29,7 +30,7 @@ _AUDIO: dict[int | str, dict[str, Any]] = {200: {"content": {CONTENT_TYPES["wav"
 @router.post("/v1/synth", responses=ERROR_RESPONSES | _AUDIO, response_class=Response)
 async def synth(body: SynthRequest, request: Request, service: ServiceDep,
                 request_id: RequestIdDep) -> Response:
-    plan, choice = lunavox.plan(service, body, body.input, request_id)
+    plan, choice = lunavox.plan(service, body, body.input, request_id, whole=True)
     job = service.speak(plan)
     audio = await whole_clip(job, request)
     response = await clip_response(job, audio, body.response_format)
@@ -37,33 +38,42 @@ async def synth(body: SynthRequest, request: Request, service: ServiceDep,
     return response
 
 
-def legacy_plan(
-    service: ServiceDep,
-    settings: SettingsDep,
-    request_id: RequestIdDep,
-    text: Annotated[str, Query(description="Text to speak")],
-    model: Annotated[str | None, Query(description="Model id or alias")] = None,
-    voice: Annotated[str | None, Query(description="Voice id or OpenAI voice name")] = None,
-    speaker_name: Annotated[str | None, Query(description="HayaKoe's name for `voice`")] = None,
-    speed: Annotated[float, Query(ge=0.25, le=4.0)] = 1.0,
-) -> SpeechPlan:
-    """The request the legacy query asks for; an unknown voice or speaker is refused."""
-    if voice and speaker_name and voice != speaker_name:
-        raise InvalidParameter(
-            "'voice' and 'speaker_name' name different voices; give one", param="speaker_name"
-        )
-    return service.plan(model=model or settings.default_model, text=text,
-                        voice=voice or speaker_name, speed=speed, request_id=request_id)
+def legacy_plan(whole: bool) -> Callable[..., SpeechPlan]:
+    """The dependency that plans what the legacy query asks for (`whole`: answered as one
+    file); an unknown voice or speaker is refused."""
+
+    def build(
+        service: ServiceDep,
+        settings: SettingsDep,
+        request_id: RequestIdDep,
+        text: Annotated[str, Query(description="Text to speak")],
+        model: Annotated[str | None, Query(description="Model id or alias")] = None,
+        voice: Annotated[str | None, Query(description="Voice id or OpenAI voice name")] = None,
+        speaker_name: Annotated[str | None, Query(description="HayaKoe's name for `voice`")
+                                ] = None,
+        speed: Annotated[float, Query(ge=0.25, le=4.0)] = 1.0,
+    ) -> SpeechPlan:
+        if voice and speaker_name and voice != speaker_name:
+            raise InvalidParameter(
+                "'voice' and 'speaker_name' name different voices; give one",
+                param="speaker_name",
+            )
+        return service.plan(model=model or settings.default_model, text=text,
+                            voice=voice or speaker_name, speed=speed, request_id=request_id,
+                            whole=whole)
+
+    return build
 
 
-LegacyPlanDep = Annotated[SpeechPlan, Depends(legacy_plan)]
+WholePlanDep = Annotated[SpeechPlan, Depends(legacy_plan(whole=True))]
+StreamedPlanDep = Annotated[SpeechPlan, Depends(legacy_plan(whole=False))]
 
 
 @router.get("/api/tts", responses=ERROR_RESPONSES | _AUDIO, response_class=Response)
 async def legacy_tts(
     request: Request,
     service: ServiceDep,
-    plan: LegacyPlanDep,
+    plan: WholePlanDep,
     format: Annotated[str, Query(description="mp3, opus, aac, flac, wav or pcm")] = "wav",
 ) -> Response:
     if format not in FORMATS:
@@ -76,5 +86,5 @@ async def legacy_tts(
 
 @router.get("/api/tts/stream", responses=ERROR_RESPONSES | _AUDIO, response_class=JobResponse,
             status_code=200)
-async def legacy_tts_stream(service: ServiceDep, plan: LegacyPlanDep) -> JobResponse:
+async def legacy_tts_stream(service: ServiceDep, plan: StreamedPlanDep) -> JobResponse:
     return audio_response(service.speak(plan), "wav")

@@ -124,8 +124,12 @@ class SpeechService:
     def plan(self, *, model: str, text: str, voice: str | None = None, speed: float = 1.0,
              language: str | None = None, instructions: str | None = None,
              request_id: str | None = None, internal: bool = False,
-             timestamps: bool = False) -> SpeechPlan:
-        """A request checked against the model, its engine and the limits, cut into segments."""
+             timestamps: bool = False, whole: bool = False) -> SpeechPlan:
+        """A request checked against the model, its engine and the limits, cut into segments.
+
+        `whole`: the client gets nothing before the whole clip is made (a route that answers
+        with one file), so no segment is kept short for early audio: every one is packed up to
+        the engine's limit, which takes fewer engine calls."""
         if not any(ch.isalnum() for ch in text):
             raise InvalidParameter(
                 "'input' must contain text to speak (letters or digits)", param="input"
@@ -139,10 +143,11 @@ class SpeechService:
         plan = self._plan(model, text, voice, speed, language, instructions, request_id,
                           timestamps)
         plan.internal = internal
+        most = plan.engine.capabilities.max_segment_chars
         plan.segments = split_text(
             text,
-            max_chars=plan.engine.capabilities.max_segment_chars,
-            first_max_chars=self.settings.first_segment_chars,
+            max_chars=most,
+            first_max_chars=most if whole else self.settings.first_segment_chars,
             growth=self.settings.segment_growth,
         )
         plan.offsets = segment_offsets(text, plan.segments)

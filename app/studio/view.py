@@ -261,14 +261,15 @@ def new_clip_id() -> str:
 async def synthesize(service: SpeechService, *, model: str, text: str, voice: str | None,
                      speed: float, fmt: str, request_id: str, request: Request | None = None
                      ) -> Clip:
-    """One whole clip through the speech service, as `POST /v1/audio/speech` would make it."""
+    """One whole clip through the speech service (planned `whole`: nothing plays before it is
+    made, so no segment is kept short)."""
     if fmt not in FORMATS:
         raise InvalidParameter(
             f"The Studio plays {', '.join(FORMATS)}; '{fmt}' is not one of them", param="format"
         )
     timed = isinstance(service.registry.resolve(model).engine, TimedEngine)
     plan = service.plan(model=model, text=text, voice=voice or None, speed=speed,
-                        request_id=request_id, timestamps=timed)
+                        request_id=request_id, timestamps=timed, whole=True)
     job = service.speak(plan)
     samples, words = await whole_timed(job, request)
     data = await asyncio.to_thread(encode_whole, samples, job.sample_rate, fmt)

@@ -314,14 +314,16 @@ def pack(text: str, segments: list[str], *, first_max_chars: int, max_chars: int
          growth: float) -> list[str]:
     """Join neighbouring segments after the first while the joined slice of `text` fits the
     budget of its place: `first_max_chars * growth ** k` for the k-th segment, at most
-    `max_chars`. Joined segments are slices of `text` again (the space between kept). A
-    paragraph break is never packed over: it keeps its segment boundary and its pause."""
-    if growth <= 1 or len(segments) < 3:
+    `max_chars`. When the first budget is the limit itself (nothing waits for early audio), the
+    first segment is packed too. Joined segments are slices of `text` again (the space between
+    kept). A paragraph break is never packed over: it keeps its segment boundary and its pause."""
+    whole = first_max_chars >= max_chars
+    if growth <= 1 or len(segments) < (2 if whole else 3):
         return segments
     offsets = segment_offsets(text, segments)
-    packed = [segments[0]]
+    packed = [] if whole else [segments[0]]
     start = end = -1
-    for segment, offset in zip(segments[1:], offsets[1:], strict=True):
+    for segment, offset in list(zip(segments, offsets, strict=True))[len(packed):]:
         budget = min(max_chars, int(first_max_chars * growth ** len(packed)))
         paragraph = text[end:offset].count("\n") >= 2 if start >= 0 else False
         if start >= 0 and not paragraph and offset + len(segment) - start <= budget:

@@ -417,3 +417,15 @@ def test_streaming_cuts_long_unpunctuated_text_before_flush() -> None:
     assert normalize_ws(" ".join([*emitted, *splitter.flush()])) == normalize_ws(
         " ".join(f"word{i}" for i in range(100))
     )
+
+
+def test_a_first_budget_at_the_limit_packs_the_first_segment_too() -> None:
+    """A whole-file request (`SpeechService.plan(whole=True)`) asks for no short first segment."""
+    packed = split_text(TRAIN, max_chars=300, first_max_chars=300, growth=2)
+    assert all(len(s) <= 300 for s in packed)
+    assert len(packed) <= -(-len(TRAIN) // 300) + 1  # full calls, one more at most for the cuts
+    assert " ".join(packed) == " ".join(split_text(TRAIN, max_chars=300, first_max_chars=300))
+    assert all(join_kind(s) == "sentence" for s in packed)
+    assert split_text("One. Two.", max_chars=300, first_max_chars=300, growth=2) == ["One. Two."]
+    assert split_text("One.\n\nTwo.", max_chars=300, first_max_chars=300, growth=2) == [
+        "One.", "Two."]
