@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -47,13 +49,17 @@ def test_the_same_audio_is_always_heard_the_same() -> None:
     assert len(set(heard)) == 1, heard
 
 
-def test_a_looping_transcript_is_decoded_again_and_still_heard_right(
+def test_a_looping_transcript_is_decoded_again_and_heard_right(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every transcript counts as a loop here, so each is decoded again with the repetition
-    penalty: plain speech must still be heard word for word."""
-    engine = EspeakEngine()
-    engine.load()
-    text = "Please open the door and close the window."
-    audio = engine.synthesize(SynthesisRequest(text=text, voice="en-us"))
-    monkeypatch.setattr(hearing, "LOOP_RATIO", 0.0)
-    assert word_error_rate(text, hear(audio, engine.sample_rate).text) <= 0.15
+    """eSpeak NG reading a phone number digit by digit (as VoxMux hands it over), saved after it
+    had read other phone numbers (its audio depends on what it said before), where greedy
+    decoding loops: Whisper wrote 115 words for 14. Decoded again with the repetition penalty it
+    is heard about right."""
+    saved = np.load(Path(__file__).parent / "data" / "espeak_phone_loop.npz")
+    audio, rate, text = saved["pcm"].astype(np.float32) / 32767, int(saved["rate"]), str(
+        saved["text"])
+    monkeypatch.setattr(hearing, "LOOP_RATIO", float("inf"))
+    assert len(hear(audio, rate).text.split()) > 3 * len(text.split())  # the loop, as saved
+    monkeypatch.undo()
+    heard = hear(audio, rate).text
+    assert len(heard.split()) <= len(text.split()) and word_error_rate(text, heard) <= 0.15, heard
