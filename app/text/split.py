@@ -323,7 +323,8 @@ def pack(text: str, segments: list[str], *, first_max_chars: int, max_chars: int
     offsets = segment_offsets(text, segments)
     packed = [] if whole else [segments[0]]
     start = end = -1
-    for segment, offset in list(zip(segments, offsets, strict=True))[len(packed):]:
+    first = len(packed)
+    for segment, offset in zip(segments[first:], offsets[first:], strict=True):
         budget = min(max_chars, int(first_max_chars * growth ** len(packed)))
         paragraph = text[end:offset].count("\n") >= 2 if start >= 0 else False
         if start >= 0 and not paragraph and offset + len(segment) - start <= budget:
