@@ -102,6 +102,21 @@ def test_generate_speed_and_wav(server: LiveServer) -> None:
     assert durations[1] < durations[0] * 0.75
 
 
+def test_generate_packs_a_whole_clip_into_few_engine_calls(server: LiveServer) -> None:
+    """The Studio plays a clip once it is whole, so it keeps no short first segment: five
+    sentences (about 260 characters, Piper's limit is 400) are one engine call."""
+    text = ("The morning train left the station exactly on time. Passengers read their papers "
+            "in comfortable silence. Outside, the wide fields were covered in a thin frost. A "
+            "conductor walked slowly down the narrow aisle. He checked every ticket with care.")
+    with server.client() as client:
+        result = client.post("/studio/generate", headers=HX, data={
+            "model": "piper", "text": text, "format": "wav", "speed": "1.0"})
+        assert result.status_code == 200, result.text
+        clip = decode(client.get(_audio_src(result.text)).content, "wav")
+    assert "<dt>Segments</dt><dd>1</dd>" in result.text
+    assert len(text) / 25 < clip.duration < len(text) / 6 and clip.rms > 0.01
+
+
 @pytest.mark.parametrize(("form", "status", "message"), [
     ({"voice": "no-such-voice"}, 400, "no-such-voice"),
     ({"text": "x" * 4100}, 400, "the limit is 4096"),
