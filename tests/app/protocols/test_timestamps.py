@@ -180,15 +180,10 @@ def ws_words(live: LiveServer, body: dict[str, Any]) -> list[dict[str, Any]]:
 def test_routes_agree_and_speed_two_halves_the_times(live: LiveServer) -> None:
     text = "Good morning. The garden closes at six today."
     request = {"model": "kokoro", "voice": "jf_alpha", "input": text}
-    with live.client() as client:
-        streamed = client.post("/v1/audio/captioned_speech", json=request | {
-            "response_format": "pcm", "stream": True})
-    assert streamed.status_code == 200, streamed.text
-    lines = [json.loads(line) for line in streamed.text.splitlines()]
+    _, streamed = streamed_captioned(live, "kokoro", text)
     sse, kinds = sse_words(live, request | {"response_format": "pcm", "timestamps": "word"})
     ws = ws_words(live, request | {"timestamps": "word"})
-    flat = [(w["word"], w["start_time"], w["end_time"]) for line in lines
-            for w in line["timestamps"]]
+    flat = [(w["word"], w["start_time"], w["end_time"]) for w in streamed]
     # The whole-file form is cut differently (its first segment is packed: nothing plays before
     # it is whole), so its times are its own audio's; its words are the same.
     assert [w["word"] for w in captioned(live, "kokoro", text)["timestamps"]] == [
