@@ -55,7 +55,7 @@ def build_registry(settings: Settings, catalogue: Catalogue, runtime: RuntimeOpt
         if entry.engine not in ENGINES:
             raise ValueError(f"catalogue: model {entry.id} names unknown engine '{entry.engine}'")
         engine = ENGINES[entry.engine](settings, runtime)
-        lane = Lane(entry.id, settings.concurrency, settings.queue_size)
+        lane = Lane(entry.id, settings.concurrency, settings.queue_size, settings.client_places)
         return ModelHandle(entry, engine, lane, idle_ttl=settings.ttl_for(entry.id))
 
     return EngineRegistry([handle(e) for e in catalogue.models.values()],

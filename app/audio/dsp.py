@@ -11,6 +11,10 @@ import numpy.typing as npt
 
 Samples = npt.NDArray[np.float32]
 
+AUDIO_REVISION = 1
+"""Bump with any change here (or in how segments are joined) that changes rendered samples: it
+is part of every cache key, so audio cached by an older VoxMux is not served after it."""
+
 _FRAME_MS = 24.0
 _TOLERANCE_MS = 8.0
 """WSOLA search radius: at least one pitch period of a low voice (~125 Hz)."""

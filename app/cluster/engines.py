@@ -176,7 +176,8 @@ class Engines:
         work = RenderWork(ticket=request.ticket, model_id=request.model_id, voice=request.voice,
                           native_speed=request.native_speed, stretch=request.stretch,
                           language=request.language, segments=request.segments, cancel=cancel,
-                          timings=request.timings, progress=progress, abandon=abandon)
+                          timings=request.timings, client=request.client, progress=progress,
+                          abandon=abandon)
         try:
             async with self.renderer.session(work) as session:
                 self._served[request.model_id] += 1

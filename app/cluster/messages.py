@@ -20,6 +20,8 @@ class RenderRequest:
     language: str | None
     segments: tuple[str, ...]
     timings: bool = False
+    client: str = ""
+    """Who asked (the ingress knows): the replica's lanes share places and turns by client."""
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ class RayRenderer:
 
     def call(self, work: RenderWork, segments: tuple[str, ...]) -> Any:
         request = RenderRequest(work.ticket, work.model_id, work.voice, work.native_speed,
-                                work.stretch, work.language, segments, work.timings)
+                                work.stretch, work.language, segments, work.timings, work.client)
         options = self._engines.options(multiplexed_model_id=work.model_id, stream=True)
         return options.render.remote(request)
 
@@ -198,6 +198,10 @@ class _RaySession:
             item = await self._next()
             if isinstance(item, Failure):
                 raise item.error
+
+    async def idle(self) -> None:
+        """Nothing to let go here: the replica holds a place and the model per call, and a
+        streamed text's sentences are calls of their own."""
 
     def close(self) -> None:
         """Cancel a call still running; one that never ran (refused, failed) has nothing to

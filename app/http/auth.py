@@ -146,12 +146,16 @@ class Authenticator:
         self._revoked = {n: t for n, t in self._revoked.items() if t >= now}
         self._revoked[nonce] = float(expires)
 
+    def presented_key(self, conn: HTTPConnection, *, query_token: bool = False) -> str | None:
+        """The valid key in `Authorization: Bearer` (or `?token=`), if one was sent."""
+        scheme, _, credentials = conn.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and (key := self.match(credentials.strip())):
+            return key
+        return self.match(conn.query_params.get("token")) if query_token else None
+
     def presents_key(self, conn: HTTPConnection, *, query_token: bool = False) -> bool:
         """A valid key in `Authorization: Bearer` (or `?token=`), not just the session cookie."""
-        scheme, _, credentials = conn.headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and self.match(credentials.strip()):
-            return True
-        return query_token and self.match(conn.query_params.get("token")) is not None
+        return self.presented_key(conn, query_token=query_token) is not None
 
     def authorized(self, conn: HTTPConnection, *, query_token: bool = False) -> bool:
         if not self.enabled:

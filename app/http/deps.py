@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from app.http.clients import client_id
 from app.serving.service import SpeechService
 from app.settings import Settings
 
@@ -27,3 +28,5 @@ def request_id(request: Request) -> str:
 ServiceDep = Annotated[SpeechService, Depends(_service)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
 RequestIdDep = Annotated[str, Depends(request_id)]
+ClientDep = Annotated[str, Depends(client_id)]
+"""Who is asking (`app.http.clients`)."""

@@ -25,7 +25,8 @@ from app.http.errors import error_body
 from app.protocols.native import compact, whole_timed
 from app.protocols.openai import JobResponse, encode, job_headers
 from app.protocols.timestamps import CaptionFormat, alignment, captions, kokoro_word
-from app.serving.job import JobEvent, SegmentEnd, SegmentWords, SpeechJob
+from app.serving.events import JobEvent, SegmentEnd, SegmentWords
+from app.serving.job import SpeechJob
 from engines.base import WordTiming
 
 MEDIA_TYPE = "application/x-ndjson"

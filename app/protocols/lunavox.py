@@ -29,7 +29,9 @@ from pydantic import BaseModel
 from app.http.errors import as_voxmux, kind_of
 from app.protocols.schemas import StreamFragment, SynthOptions
 from app.protocols.websocket import AudioOut, Closing, Command, Progress, parse
-from app.serving.job import SegmentEnd, SegmentWords, SpeechJob, SpeechPlan
+from app.serving.events import SegmentEnd, SegmentWords
+from app.serving.job import SpeechJob
+from app.serving.plan import SpeechPlan
 from app.serving.service import SpeechService
 from app.serving.tracking import RequestStats
 from engines.base import Cancelled, InvalidParameter
@@ -85,7 +87,7 @@ def choose_voice(options: SynthOptions) -> VoiceChoice:
 
 
 def plan(service: SpeechService, options: SynthOptions, text: str | None, request_id: str,
-         whole: bool = False) -> tuple[SpeechPlan, VoiceChoice]:
+         client: str, whole: bool = False) -> tuple[SpeechPlan, VoiceChoice]:
     """Plan from LunaVox-style options (`text` None: streamed text follows; `whole`: answered as
     one file, see `SpeechService.plan`); ignored fields also become a warning."""
     choice = choose_voice(options)
@@ -96,6 +98,7 @@ def plan(service: SpeechService, options: SynthOptions, text: str | None, reques
         "language": options.language,
         "instructions": options.instructions,
         "request_id": request_id,
+        "client": client,
     }
     planned = (service.plan_stream(**fields) if text is None
                else service.plan(**fields, text=text, whole=whole))
@@ -142,9 +145,9 @@ class LunaVoxFraming:
         self.choice = VoiceChoice("base", None, ())
 
     def plan(self, service: SpeechService, options: BaseModel, text: str | None,
-             request_id: str) -> SpeechPlan:
+             request_id: str, client: str) -> SpeechPlan:
         assert isinstance(options, SynthOptions)
-        planned, self.choice = plan(service, options, text, request_id)
+        planned, self.choice = plan(service, options, text, request_id, client)
         return planned
 
     def audio(self, ws: WebSocket, plan: SpeechPlan) -> AudioOut:

@@ -16,7 +16,8 @@ from fastapi.responses import Response
 
 from app.audio.encoders import content_type, encode_whole, output_rate
 from app.protocols.openai import job_headers
-from app.serving.job import SegmentWords, SpeechJob
+from app.serving.events import SegmentWords
+from app.serving.job import SpeechJob
 from engines.base import Audio, InvalidParameter, WordTiming
 
 

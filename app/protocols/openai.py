@@ -28,7 +28,8 @@ from starlette.types import Receive, Scope, Send
 from app.audio.encoders import StreamEncoder, content_type
 from app.http.errors import as_voxmux, error_body, error_response
 from app.protocols.timestamps import word_json
-from app.serving.job import JobEvent, SegmentWords, SpeechJob
+from app.serving.events import JobEvent, SegmentWords
+from app.serving.job import SpeechJob
 from engines.base import Audio, InvalidParameter
 
 log = logging.getLogger(__name__)

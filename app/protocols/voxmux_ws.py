@@ -25,7 +25,9 @@ from app.http.errors import error_body, kind_of
 from app.protocols.schemas import WsAudioFormat, WsOptions
 from app.protocols.timestamps import word_json
 from app.protocols.websocket import AudioOut, Closing, Progress, base64_frame
-from app.serving.job import SegmentEnd, SegmentWords, SpeechJob, SpeechPlan
+from app.serving.events import SegmentEnd, SegmentWords
+from app.serving.job import SpeechJob
+from app.serving.plan import SpeechPlan
 from app.serving.service import SpeechService
 from engines.base import Cancelled, WordTiming
 
@@ -45,13 +47,14 @@ class VoxMuxFraming:
         self._segment_index = 0
 
     def plan(self, service: SpeechService, options: BaseModel, text: str | None,
-             request_id: str) -> SpeechPlan:
+             request_id: str, client: str) -> SpeechPlan:
         assert isinstance(options, WsOptions)
         self.format, self.binary = options.format, options.binary
-        fields = options.plan_fields() | {"timestamps": options.timestamps == "word"}
+        fields = options.plan_fields() | {"timestamps": options.timestamps == "word",
+                                          "request_id": request_id, "client": client}
         if text is None:
-            return service.plan_stream(**fields, request_id=request_id)
-        return service.plan(**fields, text=text, request_id=request_id)
+            return service.plan_stream(**fields)
+        return service.plan(**fields, text=text)
 
     def audio(self, ws: WebSocket, plan: SpeechPlan) -> AudioOut:
         as_json = None if self.binary else self._json_audio

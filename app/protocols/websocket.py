@@ -10,7 +10,9 @@ are seen while audio is synthesized and sent; only the session's own task writes
 is owned by `async with`, so it has stopped before the session ends, whatever ended it.
 Limits, whatever the framing: a first message within `ws_first_message_timeout` (else 1008),
 messages within `ws_max_message_bytes` (1009), JSON objects in text frames (1003), at most
-`ws_max_connections` sessions (1013); close codes and frames come from the error table.
+`ws_max_connections` sessions, `ws_max_connections_per_client` of one client (1013); close codes
+and frames come from the error table. A text-in session that sends nothing for
+`ws_text_idle_timeout` has its text ended for it (everything it sent is spoken, then it closes).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import base64
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
@@ -36,10 +39,12 @@ from app.http.errors import (
     TooManySessions,
     describe_validation_error,
 )
-from app.serving.job import SegmentEnd, SegmentWords, SpeechJob, SpeechPlan
+from app.serving.events import SegmentEnd, SegmentWords
+from app.serving.job import SpeechJob
+from app.serving.plan import SpeechPlan
 from app.serving.service import SpeechService
 from app.text.feed import TextFeed
-from engines.base import Audio, InvalidParameter
+from engines.base import Audio, InvalidParameter, VoxMuxError
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +74,7 @@ class Framing(Protocol):
     """What the client sees around the audio; one instance per session."""
 
     def plan(self, service: SpeechService, options: BaseModel, text: str | None,
-             request_id: str) -> SpeechPlan:
+             request_id: str, client: str) -> SpeechPlan:
         """Plan the request from the first message (`text` None: streamed text follows)."""
 
     def audio(self, ws: WebSocket, plan: SpeechPlan) -> AudioOut: ...
@@ -92,11 +97,17 @@ class Framing(Protocol):
 class InputMode(Protocol):
     """How the client sends its text."""
 
+    idle_timeout: float | None
+    """Seconds without a message after which `quiet` is called; None: never."""
+
     async def open(self, session: Session) -> tuple[BaseModel, str | None]:
         """Read the first message: the options, and the text if it holds it."""
 
     def message(self, payload: dict[str, Any], job: SpeechJob) -> None:
         """Handle a message after the first; may feed text, end it, or cancel the job."""
+
+    def quiet(self, job: SpeechJob) -> None:
+        """The client sent nothing for `idle_timeout` seconds."""
 
 
 class AudioOut:
@@ -146,29 +157,42 @@ def base64_frame(data: bytes) -> dict[str, Any]:
 
 
 class ConnectionGate:
-    """Counts open sessions against a limit shared by every WebSocket route."""
+    """Counts open sessions against limits shared by every WebSocket route: in all, and of one
+    client."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, per_client: int) -> None:
         self.limit = limit
+        self.per_client = per_client
         self.open = 0
+        self._clients: Counter[str] = Counter()
 
-    def enter(self) -> bool:
+    def enter(self, client: str) -> VoxMuxError | None:
+        """Take a place for `client`, or say why there is none."""
         if self.open >= self.limit:
-            return False
+            return TooManySessions("Too many open WebSocket sessions; retry later")
+        if self._clients[client] >= self.per_client:
+            return TooManySessions(
+                f"This client has {self._clients[client]} WebSocket sessions open, the most one "
+                "client may; close one or retry later")
         self.open += 1
-        return True
+        self._clients[client] += 1
+        return None
 
-    def leave(self) -> None:
+    def leave(self, client: str) -> None:
         self.open -= 1
+        self._clients[client] -= 1
+        if not self._clients[client]:
+            del self._clients[client]
 
 
 class Session:
-    def __init__(self, ws: WebSocket, service: SpeechService, request_id: str,
+    def __init__(self, ws: WebSocket, service: SpeechService, request_id: str, client: str,
                  framing: Framing, mode: InputMode) -> None:
         self.ws = ws
         self.service = service
         self.settings = service.settings
         self.request_id = request_id
+        self.client = client
         self.framing = framing
         self.mode = mode
         self.opened = time.perf_counter()
@@ -176,11 +200,13 @@ class Session:
         self.segments_sent = 0
         self._job: SpeechJob | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._went_quiet = False
+        """The client sent nothing for the input mode's idle timeout."""
 
     async def run(self, gate: ConnectionGate) -> None:
         await self.ws.accept()
-        if not gate.enter():
-            await self._fail(TooManySessions("Too many open WebSocket sessions; retry later"))
+        if (refusal := gate.enter(self.client)) is not None:
+            await self._fail(refusal)
             return
         try:
             await self._serve()
@@ -190,11 +216,11 @@ class Session:
             await self._fail(exc)
         finally:
             await self._stop_reader()
-            gate.leave()
+            gate.leave(self.client)
 
     async def _serve(self) -> None:
         options, text = await self.mode.open(self)
-        plan = self.framing.plan(self.service, options, text, self.request_id)
+        plan = self.framing.plan(self.service, options, text, self.request_id, self.client)
         async with self.service.speak(plan) as job:
             self._job = job
             try:
@@ -204,7 +230,10 @@ class Session:
             except Exception as exc:  # told now; the job's exit then waits for the engine
                 await self._fail(exc)
                 return
-            await self._close(self.framing.done(job), NORMAL, "done")
+            reason = "done"
+            if self._went_quiet:
+                reason = f"No message for {self.mode.idle_timeout:g} s: the text ended there"
+            await self._close(self.framing.done(job), NORMAL, reason)
 
     async def _stream(self, job: SpeechJob) -> None:
         if (frame := self.framing.started(job)) is not None:
@@ -229,7 +258,14 @@ class Session:
     async def _read(self, job: SpeechJob) -> None:
         """Read the client after its first message; ends with a disconnect or a bad message."""
         while True:
-            self.mode.message(await self.receive(), job)
+            try:
+                async with asyncio.timeout(None if self._went_quiet else self.mode.idle_timeout):
+                    payload = await self.receive()
+            except TimeoutError:
+                self._went_quiet = True
+                self.mode.quiet(job)
+                continue
+            self.mode.message(payload, job)
 
     async def _watch(self, awaitable: Awaitable[T]) -> T:
         """Await while watching the reader: its failure (a disconnect, a bad message) cancels the
@@ -338,6 +374,8 @@ class _WithInput(Protocol):
 class OneRequest:
     """The first message holds the whole request; later messages may only cancel it."""
 
+    idle_timeout: float | None = None
+
     def __init__(self, schema: type[BaseModel], *, cancel_message: bool) -> None:
         """`schema`: the request model, with its text in `input`."""
         self.schema = schema
@@ -353,6 +391,9 @@ class OneRequest:
         if self.cancel_message and payload.get("type") == "cancel":
             job.cancel()
 
+    def quiet(self, job: SpeechJob) -> None:
+        return None
+
 
 Command = tuple[str, str]
 """A fragment message as (text, command); the command is text, flush, end or cancel."""
@@ -361,10 +402,11 @@ Command = tuple[str, str]
 class StreamedText:
     """The first message holds the options; then text fragments, flushes, the end, a cancel."""
 
-    def __init__(self, schema: type[BaseModel], fragment: Callable[[dict[str, Any]], Command]
-                 ) -> None:
+    def __init__(self, schema: type[BaseModel], fragment: Callable[[dict[str, Any]], Command],
+                 idle_timeout: float) -> None:
         self.schema = schema
         self.fragment = fragment
+        self.idle_timeout: float | None = idle_timeout
 
     async def open(self, session: Session) -> tuple[BaseModel, str | None]:
         return await session.first(self.schema), None
@@ -381,3 +423,9 @@ class StreamedText:
             feed.flush()
         elif command == "end":
             feed.end()
+
+    def quiet(self, job: SpeechJob) -> None:
+        """Nothing came for a while: what was sent is spoken, and the session ends."""
+        feed = job.plan.text
+        assert isinstance(feed, TextFeed)
+        feed.end()

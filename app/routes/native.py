@@ -14,12 +14,12 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
 from app.audio.encoders import CONTENT_TYPES, FORMATS
-from app.http.deps import RequestIdDep, ServiceDep, SettingsDep
+from app.http.deps import ClientDep, RequestIdDep, ServiceDep, SettingsDep
 from app.protocols import lunavox
 from app.protocols.native import clip_response, compact, whole_clip
 from app.protocols.openai import JobResponse, audio_response
 from app.protocols.schemas import ERROR_RESPONSES, SynthRequest
-from app.serving.job import SpeechPlan
+from app.serving.plan import SpeechPlan
 from engines.base import InvalidParameter
 
 router = APIRouter(tags=["speech"])
@@ -29,8 +29,8 @@ _AUDIO: dict[int | str, dict[str, Any]] = {200: {"content": {CONTENT_TYPES["wav"
 
 @router.post("/v1/synth", responses=ERROR_RESPONSES | _AUDIO, response_class=Response)
 async def synth(body: SynthRequest, request: Request, service: ServiceDep,
-                request_id: RequestIdDep) -> Response:
-    plan, choice = lunavox.plan(service, body, body.input, request_id, whole=True)
+                request_id: RequestIdDep, client: ClientDep) -> Response:
+    plan, choice = lunavox.plan(service, body, body.input, request_id, client, whole=True)
     job = service.speak(plan)
     audio = await whole_clip(job, request)
     response = await clip_response(job, audio, body.response_format)
@@ -46,6 +46,7 @@ def legacy_plan(whole: bool) -> Callable[..., SpeechPlan]:
         service: ServiceDep,
         settings: SettingsDep,
         request_id: RequestIdDep,
+        client: ClientDep,
         text: Annotated[str, Query(description="Text to speak")],
         model: Annotated[str | None, Query(description="Model id or alias")] = None,
         voice: Annotated[str | None, Query(description="Voice id or OpenAI voice name")] = None,
@@ -60,7 +61,7 @@ def legacy_plan(whole: bool) -> Callable[..., SpeechPlan]:
             )
         return service.plan(model=model or settings.default_model, text=text,
                             voice=voice or speaker_name, speed=speed, request_id=request_id,
-                            whole=whole)
+                            whole=whole, client=client)
 
     return build
 

@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import APIRouter, WebSocket
 
 from app.http.auth import authorize_websocket
+from app.http.clients import client_id
 from app.protocols import lunavox
 from app.protocols.schemas import (
     StreamRequest,
@@ -45,8 +46,15 @@ def _gate(websocket: WebSocket, service: SpeechService) -> ConnectionGate:
     state = websocket.app.state
     gate: ConnectionGate | None = getattr(state, "ws_gate", None)
     if gate is None:
-        gate = state.ws_gate = ConnectionGate(service.settings.ws_max_connections)
+        settings = service.settings
+        gate = state.ws_gate = ConnectionGate(settings.ws_max_connections,
+                                              settings.ws_max_connections_per_client)
     return gate
+
+
+def _idle_timeout(websocket: WebSocket) -> float:
+    timeout: float = websocket.app.state.settings.ws_text_idle_timeout
+    return timeout
 
 
 def _voxmux_fragment(payload: dict[str, Any]) -> Command:
@@ -59,7 +67,7 @@ async def _serve(websocket: WebSocket, framing: Framing, mode: InputMode) -> Non
         return
     service: SpeechService = websocket.app.state.service
     request_id = str(websocket.scope.get("state", {}).get("request_id") or uuid.uuid4().hex)
-    session = Session(websocket, service, request_id, framing, mode)
+    session = Session(websocket, service, request_id, client_id(websocket), framing, mode)
     await session.run(_gate(websocket, service))
 
 
@@ -71,7 +79,8 @@ async def speech_socket(websocket: WebSocket) -> None:
 
 @router.websocket("/ws/v1/tts/text")
 async def text_socket(websocket: WebSocket) -> None:
-    await _serve(websocket, VoxMuxFraming(text_in=True), StreamedText(WsOptions, _voxmux_fragment))
+    await _serve(websocket, VoxMuxFraming(text_in=True),
+                 StreamedText(WsOptions, _voxmux_fragment, _idle_timeout(websocket)))
 
 
 @router.websocket("/v1/stream")
@@ -83,4 +92,4 @@ async def lunavox_socket(websocket: WebSocket) -> None:
 @router.websocket("/v1/stream/text")
 async def lunavox_text_socket(websocket: WebSocket) -> None:
     await _serve(websocket, lunavox.LunaVoxFraming(text_in=True),
-                 StreamedText(SynthOptions, lunavox.fragment))
+                 StreamedText(SynthOptions, lunavox.fragment, _idle_timeout(websocket)))

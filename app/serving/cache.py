@@ -3,9 +3,9 @@ budget, least recently used first out.
 
 An entry holds the float32 chunks a request produced (after trimming, stretching and pauses), not
 encoded bytes: one entry serves every response format and every route, and because encoders are
-deterministic a hit yields the same bytes a miss did. The key is a hash of the canonical request:
-model, resolved voice, speed, language, engine parameters and the whitespace-normalized text of
-each segment (segmentation is kept, since a paragraph break changes the pauses).
+deterministic a hit yields the same bytes a miss did. The key is a hash of the request's render
+record (`app.serving.record`): everything that shapes its audio, a fingerprint of the voice's
+files among it, and it starts with the model id so a model's entries can be dropped together.
 
 `AudioCache` is the interface a job uses, asynchronous so that a shared tier can sit behind it:
 `MemoryCache` (the default, in this process; its coroutines never wait, so a lookup costs no more
@@ -16,11 +16,9 @@ cannot be reached counts as a miss.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 from cachetools import LRUCache
@@ -91,21 +89,6 @@ def _respace(stored: str, text: str) -> list[int]:
             seen += 1
     mapping.append(len(text))
     return mapping
-
-
-def cache_key(*, model_id: str, voice: str, speed: float, language: str | None,
-              params: dict[str, Any], segments: Sequence[str]) -> str:
-    canonical = {
-        "model": model_id,
-        "voice": voice,
-        "speed": repr(float(speed)),
-        "language": language,
-        "params": params,
-        "segments": [" ".join(s.split()) for s in segments],
-    }
-    blob = json.dumps(canonical, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
-                      default=str)
-    return f"{model_id}:{hashlib.sha256(blob.encode()).hexdigest()}"
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,21 @@
-"""The speech job: one request, one owner of everything it holds.
+"""The speech job: one request, one owner of everything it holds, one end.
 
 `async with service.speak(plan) as job:` starts the job and, whatever ends the block (the last
 event read, an error, a cancel, a client gone before the first byte), does not return until the
-job has stopped: its request place, its engine lease and its engine turn are released only once
-the engine call has really returned. Inside, a protocol reads `job.events()`: audio chunks, each
-segment followed by its `SegmentEnd`, then the end of the iteration or the job's error.
+job has stopped: the engine call it started has really returned and its place and model lease are
+released. Inside, a protocol reads `job.events()`: audio chunks, each segment followed by its
+`SegmentEnd`, then the end of the iteration or the job's error. A job ends exactly once, however
+and whenever it is cancelled (even before its task first ran): its record leaves the running
+set, its stats are built and its reader sees the end.
 
-The work runs in a producer task, so a slow reader never holds an engine (audio waits in memory)
-and a cancel reaches the engine at once: the cancel token stops the running call at its next
-step (inside an ONNX inference through `RunOptions.terminate`). A request found in the audio
-cache is replayed without a request place, a lease or an engine. The segments themselves come
-from a render session (`app.serving.render`): in this process, or on an engine replica of a
-cluster; everything else a job does is the same either way.
+The work runs in a producer task, so a cancel reaches the engine at once (the cancel token stops
+the running call at its next step, inside an ONNX inference through `RunOptions.terminate`).
+The producer holds the request's place and lease only while it renders (`app.serving.render`):
+before it waits (for the next sentence of streamed text, or for a reader more than
+`buffer_samples` of audio behind) it lets them go, so an idle text socket or a slow reader holds
+nothing a model's other requests need. The steps around the engine are modules of their own:
+the cache lookup and store (`caching`), the joining of segments with pauses and word times
+(`assembly`) and the measuring (`meter`).
 """
 
 from __future__ import annotations
@@ -20,104 +24,31 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from app.audio import dsp
-from app.serving.cache import AudioCache, CachedAudio
-from app.serving.memory import MemoryTracker
+from app.serving.assembly import Assembly, Joined
+from app.serving.cache import AudioCache
+from app.serving.caching import CacheStep
+from app.serving.events import JobEvent
+from app.serving.meter import Meter
+from app.serving.plan import SpeechPlan
+from app.serving.record import RenderRecord
 from app.serving.render import Progress, Rendered, Renderer, RenderSession, RenderWork
-from app.serving.scheduler import Lane
 from app.serving.tracking import CacheUse, Outcome, RequestRecord, RequestStats, RequestStatus
 from app.text.feed import TextFeed
-from app.text.split import join_kind
 from engines.base import (
     Audio,
     Cancelled,
     CancelToken,
-    Engine,
     Overloaded,
     RequestTimeout,
     SynthesisFailed,
     VoxMuxError,
-    WordTiming,
 )
-from engines.registry import ModelHandle
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SegmentEnd:
-    """Follows the last audio chunk of one segment in `SpeechJob.events()`."""
-
-    index: int
-    text: str
-    samples: int
-    """Samples of this segment's audio, including the pause before it."""
-
-
-@dataclass(frozen=True)
-class SegmentWords:
-    """Comes before the first audio chunk of a segment when the plan asks for timestamps: the
-    words of that segment, timed in seconds from the start of the job's audio, with their
-    spans in the request text (for streamed text, in the segment's `text`)."""
-
-    index: int
-    text: str
-    words: tuple[WordTiming, ...]
-
-
-JobEvent = Audio | SegmentEnd | SegmentWords
-
-Words = tuple[WordTiming, ...]
-
-
-@dataclass
-class SpeechPlan:
-    """A request checked and ready to run: everything that can fail before a byte is sent has
-    been checked by `SpeechService.plan`."""
-
-    handle: ModelHandle[Lane]
-    request_id: str
-    voice: str
-    text: str | TextFeed
-    """The whole text, or the feed a text-in session writes to."""
-    segments: list[str]
-    """The text cut for the engine; empty for a feed, whose sentences come as they complete."""
-    native_speed: float
-    stretch: float
-    """Pitch-preserving time-stretch applied after the engine (speed beyond its own range)."""
-    language: str | None
-    warnings: list[str] = field(default_factory=list)
-    internal: bool = False
-    """A warm-up: no cache, no record, no metrics."""
-    timestamps: bool = False
-    """Word timings wanted: `SegmentWords` events come before each segment's audio."""
-    offsets: list[int] = field(default_factory=list)
-    """Where each of `segments` starts in `text` (segments are slices of it)."""
-
-    @property
-    def model_id(self) -> str:
-        return self.handle.id
-
-    @property
-    def speed(self) -> float:
-        """The tempo asked for: the engine's part times the stretch."""
-        return self.native_speed * self.stretch
-
-    @property
-    def engine(self) -> Engine:
-        return self.handle.engine
-
-    @property
-    def sample_rate(self) -> int:
-        return self.handle.engine.sample_rate
-
-    @property
-    def streamed(self) -> bool:
-        return isinstance(self.text, TextFeed)
 
 
 class _End:
@@ -125,16 +56,50 @@ class _End:
         self.error = error
 
 
+class EventBuffer:
+    """Events waiting for the reader. Audio past `limit` samples makes the producer wait
+    (`room()`) before it renders more; events are never refused."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._queue: asyncio.Queue[JobEvent | _End] = asyncio.Queue()
+        self._samples = 0
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def put(self, item: JobEvent | _End) -> None:
+        if isinstance(item, np.ndarray):
+            self._samples += len(item)
+            if self._samples > self.limit:
+                self._room.clear()
+        self._queue.put_nowait(item)
+
+    async def get(self) -> JobEvent | _End:
+        item = await self._queue.get()
+        if isinstance(item, np.ndarray):
+            self._samples -= len(item)
+            if self._samples <= self.limit:
+                self._room.set()
+        return item
+
+    @property
+    def full(self) -> bool:
+        return not self._room.is_set()
+
+    async def room(self) -> None:
+        await self._room.wait()
+
+
 @dataclass(frozen=True)
 class JobContext:
     """What a job uses of the service: `started` is told when the job starts, `finished` once
-    it has stopped (both only for jobs with a record)."""
+    it has ended (both only for jobs with a record)."""
 
     renderer: Renderer
     cache: AudioCache
-    cache_key: Callable[[SpeechPlan], str]
-    timeout: float
+    record: Callable[[SpeechPlan], RenderRecord]
     pause_ms: int
+    buffer_seconds: float
     started: Callable[[SpeechJob], None]
     finished: Callable[[SpeechJob], None]
 
@@ -147,23 +112,18 @@ class SpeechJob:
             chars=len(plan.text) if isinstance(plan.text, str) else 0,
             segments=None if plan.streamed else len(plan.segments),
         )
+        self.meter = Meter(plan.sample_rate, engine_time_only=plan.streamed,
+                           clock=self._text_clock)
+        self.meter.cache = "off" if plan.streamed else "miss"
         self.stats: RequestStats | None = None
-        """Built once, when the job has stopped."""
-        self.cache_use: CacheUse = "off" if plan.streamed else "miss"
+        """Built once, when the job has ended."""
         self._context = context
-        self._cache_key: str | None = None
-        self._cached: CachedAudio | None = None
         self._cancel = CancelToken()
-        self._events: asyncio.Queue[JobEvent | _End] = asyncio.Queue()
+        self._buffer = EventBuffer(int(context.buffer_seconds * plan.sample_rate))
         self._task: asyncio.Task[None] | None = None
         self._reported: BaseException | None = None
         """A failure already told to the reader."""
-        self._memory: MemoryTracker | None = None
-        self._started = time.perf_counter()
-        self._first_audio: float | None = None
-        self._samples = 0
-        self._segments_done = 0
-        self._synthesis_s = 0.0
+        self._ended = False
 
     @property
     def ticket(self) -> str:
@@ -174,9 +134,13 @@ class SpeechJob:
         return self.plan.sample_rate
 
     @property
+    def cache_use(self) -> CacheUse:
+        return self.meter.cache
+
+    @property
     def segments(self) -> int:
         """Segments planned, or for streamed text those spoken so far."""
-        return len(self.plan.segments) if not self.plan.streamed else self._segments_done
+        return self.meter.segments if self.plan.streamed else len(self.plan.segments)
 
     # -- ownership ---------------------------------------------------------------------------
 
@@ -188,16 +152,14 @@ class SpeechJob:
         await self.close()
 
     def start(self) -> None:
-        """Start working (the cache lookup is the job's first step); once only."""
+        """Start working; once only. From here on the job ends exactly once."""
         if self._task is not None:
             return
-        plan = self.plan
-        if self._context.cache.enabled and not plan.internal and not plan.streamed:
-            self._cache_key = self._context.cache_key(plan)
         if self.record is not None:
             self._context.started(self)
-        self._memory = MemoryTracker()
+        self.meter.begin()
         self._task = asyncio.create_task(self._produce(), name=f"speech-{self.ticket}")
+        self._task.add_done_callback(self._on_done)
 
     def cancel(self) -> None:
         """Stop the job: no further segments, the running engine call stops at its next step."""
@@ -206,7 +168,8 @@ class SpeechJob:
             self._task.cancel()
 
     async def close(self) -> None:
-        """Cancel what is still running and wait until it has stopped; safe to call twice."""
+        """Cancel what is still running and wait until it has stopped; safe to call twice.
+        Raises `CancelledError` only when the caller itself was cancelled meanwhile."""
         task = self._task
         if task is None:
             return
@@ -215,11 +178,9 @@ class SpeechJob:
         interrupted = False
         while not task.done():
             try:
-                await asyncio.shield(task)
+                await asyncio.wait({task})  # never raises the task's own outcome
             except asyncio.CancelledError:
                 interrupted = True  # our caller is cancelled too: finish the wait, then tell it
-            except Exception:
-                break
         if interrupted:
             raise asyncio.CancelledError
 
@@ -229,9 +190,9 @@ class SpeechJob:
         """Audio chunks and segment ends in order; raises the job's error at the end."""
         self.start()
         while True:
-            item = await self._events.get()
+            item = await self._buffer.get()
             if isinstance(item, _End):
-                self._events.put_nowait(item)  # a second reader sees the same end
+                self._buffer.put(item)  # a second reader sees the same end
                 if item.error is not None:
                     raise item.error
                 return
@@ -246,100 +207,106 @@ class SpeechJob:
         chunks = [chunk async for chunk in self.audio()]
         return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
 
-    # -- producing ---------------------------------------------------------------------------
+    # -- ending --------------------------------------------------------------------------------
 
-    def _emit(self, event: JobEvent) -> None:
-        self._events.put_nowait(event)
+    def _on_done(self, task: asyncio.Task[None]) -> None:
+        """The job's one end, whatever ended its task (also a cancel before it first ran)."""
+        if task.cancelled():
+            error: BaseException | None = asyncio.CancelledError()
+        else:
+            error = task.exception()
+        if error is None:
+            self._end("done", None)
+        else:
+            # A failure told to the reader early (a timeout) stays the reason, even if the
+            # reader then cancelled the job while the engine was stopping.
+            self._end(*_outcome(self._reported or error))
+
+    def _end(self, outcome: Outcome, failure: VoxMuxError | None) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self.stats = self.meter.stats(outcome, failure, self.segments)
+        if self.record is not None:
+            self._context.finished(self)
+        if self._reported is None:
+            self._buffer.put(_End(failure))
 
     def _report(self, error: BaseException) -> None:
         """Tell the reader about a failure now, before the engine has finished stopping."""
         if self._reported is None and not isinstance(error, asyncio.CancelledError):
             self._reported = error
-            self._events.put_nowait(_End(error))
+            self._buffer.put(_End(error))
+
+    def _text_clock(self) -> float | None:
+        """When the request's clock started, for streamed text: its first fragment."""
+        text = self.plan.text
+        return text.first_text_at if isinstance(text, TextFeed) else None
+
+    # -- producing -----------------------------------------------------------------------------
 
     def _status(self, status: RequestStatus) -> None:
         if self.record is not None and not self.record.finished:
             self.record.status = status
 
-    async def _produce(self) -> None:
-        try:
-            if self._cache_key is not None:
-                self._cached = await self._context.cache.get(self._cache_key,
-                                                             timed=self.plan.timestamps)
-                self.cache_use = "hit" if self._cached is not None else "miss"
-            if self._cached is not None:
-                self._replay(self._cached)
-            else:
-                await self._synthesize()
-        except (Exception, asyncio.CancelledError) as exc:  # a cancel ends here, as "cancelled"
-            # A failure told to the reader early (a timeout) stays the reason, even if the
-            # reader then cancelled the job while the engine was stopping.
-            self._finish(*_outcome(self._reported or exc))
-        else:
-            self._finish("done", None)
-
-    def _finish(self, outcome: Outcome, failure: VoxMuxError | None) -> None:
-        assert self._memory is not None
-        now = time.perf_counter()
-        clock = self._clock()
-        audio_ms = round(self._samples / self.sample_rate * 1000, 1)
-        total_ms = round((now - clock) * 1000, 1)
-        error = None
-        if failure is not None and outcome != "cancelled":
-            error = f"{type(failure).__name__}: {failure.message}"
-        # Streamed text waits on its writer between sentences: its RTF counts engine time only.
-        busy_ms = self._synthesis_s * 1000 if self.plan.streamed else total_ms
-        self.stats = RequestStats(
-            outcome=outcome,
-            error=error,
-            started=self._started,
-            t_total_ms=total_ms,
-            ttfb_ms=round((self._first_audio - clock) * 1000, 1) if self._first_audio else None,
-            audio_duration_ms=audio_ms,
-            rtf=round(busy_ms / audio_ms, 4) if audio_ms else None,
-            segments=self.segments,
-            cache=self.cache_use,
-            mem=self._memory.finish(),
-        )
-        if self.record is not None:
-            self._context.finished(self)
-        if self._reported is None:
-            self._events.put_nowait(_End(failure))
-
-    def _clock(self) -> float:
-        """When the request's clock started: for streamed text, its first fragment."""
-        text = self.plan.text
-        if isinstance(text, TextFeed) and text.first_text_at is not None:
-            return text.first_text_at
-        return self._started
-
-    def _audio_out(self, chunk: Audio) -> None:
-        if self._first_audio is None:
-            self._first_audio = time.perf_counter()
+    def _progress(self, progress: Progress) -> None:
+        if progress == "running" and self.meter.first_audio is not None:
             self._status("streaming")
-        self._samples += len(chunk)
-        self._emit(chunk)
+        else:
+            self._status(progress)
 
-    def _segment_done(self, index: int, text: str, samples: int) -> None:
-        self._segments_done += 1
+    def _emit(self, assembly: Assembly, joined: Joined) -> None:
+        for event in assembly.events(joined):
+            if isinstance(event, np.ndarray) and self.meter.audio(len(event)):
+                self._status("streaming")
+            self._buffer.put(event)
+        self.meter.segments += 1
         if self.record is not None:
-            self.record.segments_done = self._segments_done
-        self._emit(SegmentEnd(index, text, samples))
+            self.record.segments_done = self.meter.segments
 
-    def _replay(self, entry: CachedAudio) -> None:
-        chunks = iter(entry.chunks)
-        for index, count in enumerate(entry.segment_chunks):
-            if self.plan.timestamps and entry.words is not None:
-                text = self.plan.segments[index]
-                words = entry.segment_words(index, text)
-                self._emit(SegmentWords(index, text, self._placed(index, words)))
-            samples = 0
-            for _ in range(count):
-                chunk = next(chunks)
-                samples += len(chunk)
-                self._audio_out(chunk)
-            text = self.plan.segments[index] if index < len(self.plan.segments) else ""
-            self._segment_done(index, text, samples)
+    async def _produce(self) -> None:
+        plan = self.plan
+        assembly = Assembly(plan, self._context.pause_ms)
+        cache = None
+        if self._context.cache.enabled and not plan.internal and not plan.streamed:
+            cache = CacheStep(self._context.cache, self._context.record(plan),
+                              timed=plan.timestamps)
+            cached = await cache.lookup()
+            self.meter.cache = "hit" if cached is not None else "miss"
+            if cached is not None:
+                for joined in assembly.replay(cached):
+                    self._emit(assembly, joined)
+                return
+        async with self._context.renderer.session(self._work()) as session:
+            index = 0
+            while (text := await self._next_segment(index, session)) is not None:
+                joined = assembly.join(index, text, await self._render(session, text))
+                if cache is not None:
+                    cache.keep(joined)
+                self._emit(assembly, joined)
+                index += 1
+        if cache is not None:
+            await cache.store(plan.engine, plan.sample_rate)
+
+    async def _next_segment(self, index: int, session: RenderSession) -> str | None:
+        """The next text to render, once the reader has room for it. Whatever the job waits
+        for here, it waits holding nothing (`session.idle()`)."""
+        if self._buffer.full:
+            await session.idle()
+            await self._buffer.room()
+        text = self.plan.text
+        if isinstance(text, TextFeed):
+            if not text.ready:
+                await session.idle()
+            return await text.next()
+        return self.plan.segments[index] if index < len(self.plan.segments) else None
+
+    async def _render(self, session: RenderSession, text: str) -> Rendered:
+        started = time.perf_counter()
+        try:
+            return await session.render(text)
+        finally:
+            self.meter.engine_time(time.perf_counter() - started)
 
     def _work(self) -> RenderWork:
         plan = self.plan
@@ -347,82 +314,9 @@ class SpeechJob:
             ticket=self.ticket, model_id=plan.model_id, voice=plan.voice,
             native_speed=plan.native_speed, stretch=plan.stretch, language=plan.language,
             segments=None if plan.streamed else tuple(plan.segments), cancel=self._cancel,
-            timings=plan.timestamps, progress=self._progress, abandon=self._report,
-            rendered=self._sample_memory,
+            timings=plan.timestamps, client=plan.client, progress=self._progress,
+            abandon=self._report, rendered=self.meter.sample_memory,
         )
-
-    def _sample_memory(self) -> None:
-        """After each segment, in the engine thread: never on the event loop."""
-        if self._memory is not None:
-            self._memory.update()
-
-    def _progress(self, progress: Progress) -> None:
-        if progress == "running" and self._first_audio is not None:
-            self._status("streaming")
-        else:
-            self._status(progress)
-
-    async def _synthesize(self) -> None:
-        plan = self.plan
-        keep: list[tuple[Audio, ...]] | None = [] if self._cache_key is not None else None
-        kept_words: list[Words] = []
-        size = 0
-        assert self._memory is not None
-        async with self._context.renderer.session(self._work()) as session:
-            index = 0
-            previous = ""
-            while (text := await self._next_segment(index)) is not None:
-                rendered = await self._segment(session, text)
-                chunks, words = rendered.chunks, rendered.words
-                if index and chunks:
-                    pause = self._pause_after(previous)
-                    chunks[0] = np.concatenate([pause, chunks[0]])
-                    words = tuple(w.moved(shift=len(pause) / self.sample_rate) for w in words)
-                if plan.timestamps:
-                    words = tuple(w.moved(shift=self._samples / self.sample_rate) for w in words)
-                    kept_words.append(words)
-                    self._emit(SegmentWords(index, text, self._placed(index, words)))
-                for chunk in chunks:
-                    self._audio_out(chunk)
-                self._segment_done(index, text, sum(len(c) for c in chunks))
-                if keep is not None:  # dropped once too big: no second copy held
-                    size += sum(c.nbytes for c in chunks)
-                    keep = keep if self._context.cache.fits(size) else None
-                    if keep is not None:
-                        keep.append(tuple(chunks))
-                index += 1
-                previous = text
-        if keep is not None and self._cache_key is not None:
-            timed = (kept_words, plan.segments) if plan.timestamps else None
-            await self._context.cache.put(self._cache_key, CachedAudio.build(
-                plan.model_id, self.sample_rate, keep, timed))
-
-    def _pause_after(self, segment: str) -> Audio:
-        """The silence between `segment` and the next: a sentence pause after a sentence, half
-        of it after a clause mark, none inside a phrase (the edges each segment keeps are the
-        gap there). Pauses are part of the tempo: at twice the speed they last half as long."""
-        share = {"sentence": 1.0, "clause": 0.5, "word": 0.0}[join_kind(segment)]
-        return dsp.pause(self.sample_rate, self._context.pause_ms * share / self.plan.speed)
-
-    def _placed(self, index: int, words: Words) -> Words:
-        """Segment-relative spans moved to the request text (streamed text keeps them)."""
-        offsets = self.plan.offsets
-        if index >= len(offsets) or not offsets[index]:
-            return words
-        return tuple(w.moved(chars=offsets[index]) for w in words)
-
-    async def _next_segment(self, index: int) -> str | None:
-        text = self.plan.text
-        if isinstance(text, TextFeed):
-            return await text.next()
-        return self.plan.segments[index] if index < len(self.plan.segments) else None
-
-    async def _segment(self, session: RenderSession, text: str) -> Rendered:
-        started = time.perf_counter()
-        try:
-            return await session.render(text)
-        finally:
-            self._synthesis_s += time.perf_counter() - started
 
 
 def _outcome(exc: BaseException) -> tuple[Outcome, VoxMuxError]:

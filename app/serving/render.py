@@ -2,9 +2,12 @@
 
 A speech job plans, caches, joins, tracks and frames; for the audio itself it opens a render
 session (`async with renderer.session(work) as session`) and asks it for one segment at a time
-(`await session.render(text)`). The session owns the request's place and lease for as long as it
-is open. `LocalRenderer` is the single-process form: the model's lane admits the request (429
-beyond its queue), the registry leases the model, each segment waits for a lane turn and runs
+(`await session.render(text)`). Opening a session is where a new request is admitted or refused
+(429). The session takes the request's place in the model's lane and a lease on the model when
+it renders, and lets both go when the job is about to wait (`await session.idle()`, before it
+waits for text or for its reader) or the session ends: a request holds nothing while it has no
+engine work. `LocalRenderer` is the single-process form: the lane admits the request, the
+registry leases the model, each segment waits for its client's lane turn and runs
 `render_segment` on the lane's engine thread. On a cluster the same `LocalRenderer` runs inside
 each engine replica, and the job talks to a renderer that forwards sessions there
 (`app.cluster.remote`).
@@ -16,7 +19,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -60,6 +63,8 @@ class RenderWork:
     cancel: CancelToken
     timings: bool = False
     """Whether the request asked for word timings (engines without them then refuse it)."""
+    client: str = ""
+    """Who asked: the lane shares places and turns out by client."""
     progress: Callable[[Progress], None] = lambda _: None
     abandon: Callable[[BaseException], None] = lambda _: None
     """Told why a segment is being abandoned (a timeout), before the engine has stopped."""
@@ -82,11 +87,14 @@ class Rendered:
 class RenderSession(Protocol):
     async def render(self, text: str) -> Rendered: ...
 
+    async def idle(self) -> None:
+        """Let go of what the session holds for the request (its place, the model) until the
+        next `render`: the job is about to wait for something other than the engine."""
+
 
 class Renderer(Protocol):
     def session(self, work: RenderWork) -> AbstractAsyncContextManager[RenderSession]:
-        """Hold a request place and the model for `work` until the block ends; raises
-        `Overloaded` when the model's queue is full."""
+        """A session for `work`; raises `Overloaded` when the model takes no new request."""
 
 
 def render_segment(engine: Engine, text: str, work: RenderWork) -> Rendered:
@@ -153,25 +161,53 @@ class LocalRenderer:
     @asynccontextmanager
     async def session(self, work: RenderWork) -> AsyncIterator[RenderSession]:
         handle = self.registry[work.model_id]
-        async with handle.lane.admitted(work.ticket):
-            work.progress("queued" if handle.status is ModelStatus.READY else "loading")
-            async with self.registry.lease(work.model_id) as engine:
-                yield _LocalSession(handle.lane, engine, work, self.timeout)
+        handle.lane.admit(work.client)
+        session = _LocalSession(self.registry, handle.lane, work, self.timeout)
+        try:
+            yield session
+        finally:
+            await session.idle()
 
 
 class _LocalSession:
-    def __init__(self, lane: Lane, engine: Engine, work: RenderWork, timeout: float) -> None:
+    def __init__(self, registry: EngineRegistry[Lane], lane: Lane, work: RenderWork,
+                 timeout: float) -> None:
+        self._registry = registry
         self._lane = lane
-        self._engine = engine
         self._work = work
         self._timeout = timeout
+        self._held: AsyncExitStack | None = None
+        self._engine: Engine | None = None
 
     async def render(self, text: str) -> Rendered:
         """Wait for a turn, then render; the request timeout bounds both."""
         work, loop = self._work, asyncio.get_running_loop()
+        engine = await self._hold()
         deadline = loop.time() + self._timeout
-        async with self._lane.turn(work.ticket, self._timeout) as turn:
+        async with self._lane.turn(work.ticket, self._timeout, work.client) as turn:
             work.progress("running")
             remaining = max(0.001, deadline - loop.time())
-            call = functools.partial(render_segment, self._engine, text, work)
+            call = functools.partial(render_segment, engine, text, work)
             return await turn.call(call, work.cancel, remaining, abandon=work.abandon)
+
+    async def _hold(self) -> Engine:
+        """The request's place and the model's lease, taken unless held already."""
+        if self._held is not None and self._engine is not None:
+            return self._engine
+        work = self._work
+        held = AsyncExitStack()
+        try:
+            held.enter_context(self._lane.place(work.ticket, work.client))
+            ready = self._registry[work.model_id].status is ModelStatus.READY
+            work.progress("queued" if ready else "loading")
+            self._engine = await held.enter_async_context(self._registry.lease(work.model_id))
+        except BaseException:
+            await held.aclose()
+            raise
+        self._held = held
+        return self._engine
+
+    async def idle(self) -> None:
+        held, self._held, self._engine = self._held, None, None
+        if held is not None:
+            await held.aclose()

@@ -1,13 +1,17 @@
-"""A model's lane: how requests reach its engine.
+"""A model's lane: how requests reach its engine, shared out fairly between clients.
 
-Admission bounds how many requests a model takes on (`concurrency + queue_size`); one more is
-refused at once with `Overloaded` (429) and a `Retry-After` from how long recent requests took.
-An admitted request then asks for a turn for each of its segments: at most `concurrency` turns
-run at once, and a finished turn goes straight to the oldest waiter, so concurrent requests take
-segment-sized turns in arrival order and nobody overtakes. A turn's engine call runs on the
-lane's own threads (one per turn) and holds the turn until the call has really returned, even
-when the request was cancelled or timed out meanwhile: the cancel token stops the engine at its
-next step, and only then is the turn handed on.
+A request holds one of the model's *places* only while it has engine work to do: a text-in
+session waiting for its next sentence, or a job waiting for a slow reader, holds none. A new
+request is refused at once with `Overloaded` (429, with a `Retry-After` from how long recent
+requests took) when `concurrency + queue_size` requests hold places, or when its client already
+holds `client_places` of them; a request already under way is never refused (it takes its place
+again whenever it has work). Each engine call then asks for one of the `concurrency` *turns*.
+A finished turn goes to the waiting client that was served longest ago (a client never served
+first), to its oldest waiter: one client's many requests cannot delay another client's first
+audio by more than the calls already running, and nobody overtakes within a client. A turn's
+engine call runs on the lane's own threads (one per turn) and holds the turn until the call has
+really returned, even when the request was cancelled or timed out meanwhile: the cancel token
+stops the engine at its next step, and only then is the turn handed on.
 """
 
 from __future__ import annotations
@@ -16,10 +20,10 @@ import asyncio
 import math
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from engines.base import CancelToken, Overloaded, RequestTimeout
@@ -33,30 +37,90 @@ Abandon = Callable[[BaseException], None]
 @dataclass(eq=False)
 class _Waiter:
     ticket: str
+    client: str
     future: asyncio.Future[None]
     granted: bool = False
+
+
+@dataclass(eq=False)
+class _Place:
+    client: str
+    started: bool = False
+    """Whether the request has had a turn since it took its place."""
 
 
 @dataclass(frozen=True)
 class LaneState:
     running: int
-    """Admitted requests that have had their first turn."""
+    """Requests holding a place that have had their turn."""
     queued: int
-    """Admitted requests still waiting for their first turn."""
+    """Requests holding a place, still waiting for their first turn."""
     in_flight: int
     """Engine calls running now (counted in the engine threads)."""
 
 
+RECENT_CLIENTS = 1024
+"""Clients whose last turn a lane remembers; one forgotten counts as never served."""
+
+
+@dataclass
+class _Round:
+    """Waiters by client. The next turn goes to the waiting client served longest ago (one never
+    served first, in arrival order), to its oldest waiter."""
+
+    queues: dict[str, deque[_Waiter]] = field(default_factory=dict)
+    served: dict[str, int] = field(default_factory=dict)
+    """Client -> when it last had a turn (a count of turns), least recent first."""
+    ticks: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.queues)
+
+    def add(self, waiter: _Waiter) -> None:
+        self.queues.setdefault(waiter.client, deque()).append(waiter)
+
+    def remove(self, waiter: _Waiter) -> None:
+        queue = self.queues.get(waiter.client)
+        if queue is None or waiter not in queue:
+            return
+        queue.remove(waiter)
+        if not queue:
+            del self.queues[waiter.client]
+
+    def pop(self) -> _Waiter | None:
+        while self.queues:
+            client = min(self.queues, key=lambda c: self.served.get(c, -1))
+            queue = self.queues[client]
+            waiter = queue.popleft()
+            if not queue:
+                del self.queues[client]
+            if not waiter.future.done():
+                self.serve(client)
+                return waiter
+        return None
+
+    def serve(self, client: str) -> None:
+        """Note that `client` has a turn now."""
+        self.ticks += 1
+        self.served.pop(client, None)
+        self.served[client] = self.ticks
+        if len(self.served) > RECENT_CLIENTS:
+            del self.served[next(iter(self.served))]
+
+
 class Lane:
-    def __init__(self, model_id: str, concurrency: int, queue_size: int) -> None:
+    def __init__(self, model_id: str, concurrency: int, queue_size: int,
+                 client_places: int | None = None) -> None:
+        """`client_places`: the most places one client may take (None: all of them)."""
         self.model_id = model_id
         self.concurrency = concurrency
         self.queue_size = queue_size
+        self.client_places = client_places or concurrency + queue_size
         self._executor = ThreadPoolExecutor(concurrency, thread_name_prefix=f"engine-{model_id}")
         self._turns = 0
-        self._waiters: deque[_Waiter] = deque()
-        self._admitted: dict[str, bool] = {}
-        """Ticket -> whether it has had a turn yet, in admission order."""
+        self._round = _Round()
+        self._places: dict[str, _Place] = {}
+        """Ticket -> its place, in the order they were taken."""
         self._mean_seconds = 1.0
         self._count_lock = threading.Lock()
         self._in_flight = 0
@@ -64,8 +128,8 @@ class Lane:
     # -- state -------------------------------------------------------------------------------
 
     def state(self) -> LaneState:
-        started = sum(self._admitted.values())
-        return LaneState(started, len(self._admitted) - started, self._in_flight)
+        started = sum(p.started for p in self._places.values())
+        return LaneState(started, len(self._places) - started, self._in_flight)
 
     @property
     def in_flight(self) -> int:
@@ -73,43 +137,59 @@ class Lane:
 
     def position(self, ticket: str) -> int | None:
         """1-based place among the requests still waiting for their first turn; None once it
-        has started (or was never admitted)."""
-        waiting = [t for t, started in self._admitted.items() if not started]
+        has started (or holds no place)."""
+        waiting = [t for t, place in self._places.items() if not place.started]
         return waiting.index(ticket) + 1 if ticket in waiting else None
 
     def retry_after(self) -> int:
-        """Seconds until an admitted request is likely to have left."""
-        return max(1, math.ceil(self._mean_seconds / max(1, len(self._admitted))))
+        """Seconds until a request holding a place is likely to have let it go."""
+        return max(1, math.ceil(self._mean_seconds / max(1, len(self._places))))
 
-    # -- admission and turns -----------------------------------------------------------------
+    # -- places ------------------------------------------------------------------------------
 
-    @asynccontextmanager
-    async def admitted(self, ticket: str) -> AsyncIterator[None]:
-        """Take one of the model's request places for the whole request, or raise Overloaded."""
-        if len(self._admitted) >= self.concurrency + self.queue_size:
+    def admit(self, client: str) -> None:
+        """Raise `Overloaded` unless a new request of `client` may start now; takes nothing."""
+        held = len(self._places)
+        if held >= self.concurrency + self.queue_size:
             raise Overloaded(
-                f"The '{self.model_id}' model is at capacity ({len(self._admitted)} requests "
-                "admitted); retry later",
+                f"The '{self.model_id}' model is at capacity ({held} requests in progress); "
+                "retry later",
                 retry_after=self.retry_after(),
             )
-        self._admitted[ticket] = False
+        own = sum(p.client == client for p in self._places.values())
+        if own >= self.client_places:
+            raise Overloaded(
+                f"This client already has {own} requests in progress on the '{self.model_id}' "
+                "model, its share; retry when one has finished",
+                retry_after=self.retry_after(),
+            )
+
+    @contextmanager
+    def place(self, ticket: str, client: str) -> Iterator[None]:
+        """Hold a place while a request has engine work; never refused (see `admit`)."""
+        self._places[ticket] = _Place(client)
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
             yield
         finally:
             self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * (loop.time() - started)
-            del self._admitted[ticket]
+            del self._places[ticket]
+
+    # -- turns -------------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def turn(self, ticket: str, timeout: float | None) -> AsyncIterator[Turn]:
-        """Hold one of the `concurrency` turns; waits in FIFO order, at most `timeout` s."""
-        if self._turns < self.concurrency and not self._waiters:
+    async def turn(self, ticket: str, timeout: float | None, client: str = ""
+                   ) -> AsyncIterator[Turn]:
+        """Hold one of the `concurrency` turns; waits its client's turn, at most `timeout` s."""
+        if self._turns < self.concurrency and not self._round:
             self._turns += 1
+            self._round.serve(client)
         else:
-            await self._wait(ticket, timeout)
-        if ticket in self._admitted:
-            self._admitted[ticket] = True
+            await self._wait(_Waiter(ticket, client, asyncio.get_running_loop().create_future()),
+                             timeout)
+        if ticket in self._places:
+            self._places[ticket].started = True
         turn = Turn(self)
         try:
             yield turn
@@ -119,17 +199,16 @@ class Lane:
             finally:
                 self._release()
 
-    async def _wait(self, ticket: str, timeout: float | None) -> None:
-        waiter = _Waiter(ticket, asyncio.get_running_loop().create_future())
-        self._waiters.append(waiter)
+    async def _wait(self, waiter: _Waiter, timeout: float | None) -> None:
+        self._round.add(waiter)
         try:
             async with asyncio.timeout(timeout):
                 await waiter.future
         except BaseException as exc:
             if waiter.granted:  # the turn arrived as we gave up: pass it on
                 self._release()
-            elif waiter in self._waiters:
-                self._waiters.remove(waiter)
+            else:
+                self._round.remove(waiter)
             if isinstance(exc, TimeoutError):
                 raise RequestTimeout(
                     f"The request waited {timeout:g} s for the '{self.model_id}' engine"
@@ -137,13 +216,12 @@ class Lane:
             raise
 
     def _release(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.future.done():
-                waiter.granted = True
-                waiter.future.set_result(None)
-                return
-        self._turns -= 1
+        waiter = self._round.pop()
+        if waiter is None:
+            self._turns -= 1
+            return
+        waiter.granted = True
+        waiter.future.set_result(None)
 
     def _counted(self, fn: Callable[[], T]) -> T:
         with self._count_lock:

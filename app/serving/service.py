@@ -17,11 +17,13 @@ import uuid
 from collections import defaultdict
 from dataclasses import asdict
 
-from app.serving.cache import AudioCache, cache_key, open_cache
+from app.serving.cache import AudioCache, open_cache
 from app.serving.fleet import Fleet, ModelView, ReplicaState, fleet_views, local_views
-from app.serving.job import JobContext, SpeechJob, SpeechPlan
+from app.serving.job import JobContext, SpeechJob
 from app.serving.memory import process_memory
 from app.serving.metrics import Metrics
+from app.serving.plan import SpeechPlan
+from app.serving.record import RenderRecord
 from app.serving.render import LocalRenderer, Renderer
 from app.serving.scheduler import Lane
 from app.serving.tracking import RequestRecord, ServingStats
@@ -63,8 +65,8 @@ class SpeechService:
         self._jobs: dict[str, SpeechJob] = {}
         """Running jobs by ticket."""
         self._by_request_id: dict[str, set[str]] = defaultdict(set)
-        self._context = JobContext(self.renderer, self.cache, self.cache_key,
-                                   settings.request_timeout, settings.sentence_pause_ms,
+        self._context = JobContext(self.renderer, self.cache, self.render_record,
+                                   settings.sentence_pause_ms, settings.stream_buffer_seconds,
                                    self._started, self._finished)
 
     def close(self) -> None:
@@ -124,7 +126,7 @@ class SpeechService:
     def plan(self, *, model: str, text: str, voice: str | None = None, speed: float = 1.0,
              language: str | None = None, instructions: str | None = None,
              request_id: str | None = None, internal: bool = False,
-             timestamps: bool = False, whole: bool = False) -> SpeechPlan:
+             timestamps: bool = False, whole: bool = False, client: str = "") -> SpeechPlan:
         """A request checked against the model, its engine and the limits, cut into segments.
 
         `whole`: the client gets nothing before the whole clip is made (a route that answers
@@ -143,6 +145,7 @@ class SpeechService:
         plan = self._plan(model, text, voice, speed, language, instructions, request_id,
                           timestamps)
         plan.internal = internal
+        plan.client = client
         most = plan.engine.capabilities.max_segment_chars
         plan.segments = split_text(
             text,
@@ -156,10 +159,12 @@ class SpeechService:
 
     def plan_stream(self, *, model: str, voice: str | None = None, speed: float = 1.0,
                     language: str | None = None, instructions: str | None = None,
-                    request_id: str | None = None, timestamps: bool = False) -> SpeechPlan:
+                    request_id: str | None = None, timestamps: bool = False,
+                    client: str = "") -> SpeechPlan:
         """A text-in request: options checked now (on a probe sentence), text fed later."""
         plan = self._plan(model, "", voice, speed, language, instructions, request_id,
                           timestamps)
+        plan.client = client
         plan.text = TextFeed(
             max_chars=min(plan.engine.capabilities.max_segment_chars,
                           self.settings.max_input_chars),
@@ -248,11 +253,12 @@ class SpeechService:
         if self.fleet is not None:
             self.fleet.closed(job.plan.request_id)
 
-    def cache_key(self, plan: SpeechPlan) -> str:
-        request = SynthesisRequest(text="", voice=plan.voice)
-        return cache_key(
-            model_id=plan.model_id, voice=plan.voice, speed=plan.native_speed * plan.stretch,
-            language=plan.language, params=request.params, segments=plan.segments,
+    def render_record(self, plan: SpeechPlan) -> RenderRecord:
+        """What shapes `plan`'s audio: its cache key, and the check that a result is current."""
+        return RenderRecord.of(
+            model=plan.model_id, engine=plan.engine, voice=plan.voice,
+            native_speed=plan.native_speed, stretch=plan.stretch, language=plan.language,
+            segments=plan.segments, pause_ms=self.settings.sentence_pause_ms,
         )
 
     def cancel(self, request_id: str) -> int:

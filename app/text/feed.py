@@ -56,6 +56,11 @@ class TextFeed:
             self.ended = True
             self._sentences.put_nowait(None)
 
+    @property
+    def ready(self) -> bool:
+        """Whether `next()` would return at once (a sentence is waiting, or the end)."""
+        return not self._sentences.empty()
+
     async def next(self) -> str | None:
         """The next sentence to speak; None once the stream has ended."""
         sentence = await self._sentences.get()

@@ -50,6 +50,8 @@ def idle_state(live: LiveServer) -> dict[str, Any]:
 
 
 IDLE = {"active": 0, "queued": 0, "in_flight": 0, "refcounts": {}, "streams": 0}
+WAITING = {**IDLE, "streams": 1}
+"""One job waiting for its reader, holding no place, engine call or lease."""
 
 
 def wait_until(probe: Callable[[], Any], expected: Any, timeout: float = 20.0) -> Any:

@@ -162,20 +162,33 @@ def test_seed_examples_speak_with_the_catalogue_lines(tmp_path: Path) -> None:
 # -- speed: the duration ratio asked for, on every model -----------------------------------------
 
 SPEEDS = (0.25, 0.5, 0.8, 1.5, 2.0, 3.0, 4.0)
-SPEED_TEXT = ("The quick brown fox jumps over the lazy dog. It was a sunny day in the park, "
-              "and everyone was happy to be outside.")
+SPEED_TEXTS = (
+    "The quick brown fox jumps over the lazy dog. It was a sunny day in the park, and everyone "
+    "was happy to be outside.",
+    "A small boat drifted across the quiet lake while the sun went down behind the hills.",
+    "Please remember to bring your notes, a pencil and something to drink for the afternoon.",
+)
 
 
 @pytest.mark.parametrize("model", ["piper", "kokoro", "espeak"])
 def test_speed_gives_the_asked_duration_ratio(server: LiveServer, model: str) -> None:
-    """Audio at speed s lasts 1/s of the audio at speed 1, within 5%, over 0.25-4.0."""
+    """Audio at speed s lasts 1/s of the audio at speed 1, within 5%, over 0.25-4.0.
+
+    Piper samples its durations (`noise_w`): one render of a sentence is ~1% longer or shorter
+    than the next (measured: cv 1.1-1.4%), so its ratio is read over three texts; the other
+    engines are deterministic and read one."""
+    texts = SPEED_TEXTS if model == "piper" else SPEED_TEXTS[:1]
+
     def seconds(speed: float) -> float:
+        total = 0.0
         with server.client() as http:
-            response = http.post("/v1/audio/speech", json={
-                "model": model, "input": SPEED_TEXT, "voice": "alloy", "speed": speed,
-                "response_format": "wav"})
-        assert response.status_code == 200, response.text
-        return decode(response.content, "wav").duration
+            for text in texts:
+                response = http.post("/v1/audio/speech", json={
+                    "model": model, "input": text, "voice": "alloy", "speed": speed,
+                    "response_format": "wav"})
+                assert response.status_code == 200, response.text
+                total += decode(response.content, "wav").duration
+        return total
 
     normal = seconds(1.0)
     ratios = {speed: normal / seconds(speed) for speed in SPEEDS}

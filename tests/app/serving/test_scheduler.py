@@ -1,5 +1,6 @@
-"""Lanes: admission with 429 over the queue, FIFO turns segment by segment, turn timeouts, a
-turn held until its engine call returns, and nobody idle holding an engine."""
+"""Lanes: admission with 429 over the queue and over a client's share, turns segment by segment
+in arrival order within a client and round the clients, turn timeouts, a turn held until its
+engine call returns, and nobody idle holding an engine."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
@@ -17,6 +19,15 @@ from app.main import create_app
 from app.serving.scheduler import Lane, LaneState
 from engines.base import CancelToken, Overloaded, RequestTimeout
 from tests.conftest import LiveServer, decode, start_server, test_settings
+
+
+@asynccontextmanager
+async def admitted(lane: Lane, ticket: str, client: str = "") -> AsyncIterator[None]:
+    """What a render session does: admission (or a 429), then a place while it renders."""
+    lane.admit(client)
+    with lane.place(ticket, client):
+        yield
+
 
 WORDS = ["amber", "basil", "cedar", "delta", "ember", "fjord", "grove", "harbor", "indigo",
          "juniper"]
@@ -28,7 +39,7 @@ async def test_turns_go_to_waiters_in_arrival_order() -> None:
     release = asyncio.Event()
 
     async def job(n: int) -> None:
-        async with lane.admitted(f"t{n}"), lane.turn(f"t{n}", None):
+        async with admitted(lane, f"t{n}"), lane.turn(f"t{n}", None):
             order.append(n)
             await release.wait()
 
@@ -52,7 +63,7 @@ async def test_requests_take_turns_segment_by_segment() -> None:
     order: list[str] = []
 
     async def request(name: str, segments: int) -> None:
-        async with lane.admitted(name):
+        async with admitted(lane, name):
             for index in range(segments):
                 async with lane.turn(name, None) as turn:
                     await turn.call(lambda: time.sleep(0.02), CancelToken(), None)
@@ -65,21 +76,57 @@ async def test_requests_take_turns_segment_by_segment() -> None:
     lane.close()
 
 
+async def test_turns_go_round_the_clients() -> None:
+    """One client with many requests waiting cannot delay another client's first turn by more
+    than the call that is running: turns alternate between clients, and within a client they
+    keep arrival order."""
+    lane = Lane("m", concurrency=1, queue_size=16)
+    order: list[str] = []
+
+    async def request(client: str, name: str, segments: int) -> None:
+        async with admitted(lane, name, client):
+            for index in range(segments):
+                async with lane.turn(name, None, client) as turn:
+                    await turn.call(lambda: time.sleep(0.01), CancelToken(), None)
+                    order.append(f"{name}{index}")
+
+    flood = [asyncio.create_task(request("a", f"a{n}", 2)) for n in range(4)]
+    await asyncio.sleep(0.003)  # a0's first segment runs, a1..a3 wait
+    await asyncio.gather(*flood, request("b", "b", 2))
+    assert order.index("b0") == 1, order  # right after the call that was running
+    assert order.index("b1") < order.index("a30"), order
+    own = [name for name in order if name.startswith("a")]
+    assert [n for n in own if n.endswith("0")] == ["a00", "a10", "a20", "a30"]
+    lane.close()
+
+
+async def test_one_client_cannot_take_every_place() -> None:
+    lane = Lane("m", concurrency=1, queue_size=3, client_places=2)
+    async with admitted(lane, "a1", "a"), admitted(lane, "a2", "a"):
+        with pytest.raises(Overloaded, match="This client already has 2 requests"):
+            lane.admit("a")
+        async with admitted(lane, "b1", "b"), admitted(lane, "b2", "b"):  # another client's share
+            with pytest.raises(Overloaded, match="at capacity"):
+                lane.admit("c")
+    assert lane.state() == LaneState(0, 0, 0)
+    lane.close()
+
+
 async def test_over_capacity_is_refused_with_retry_after() -> None:
     lane, other = Lane("m", concurrency=1, queue_size=1), Lane("o", concurrency=1, queue_size=1)
     hold = asyncio.Event()
 
     async def job(n: int) -> None:
-        async with lane.admitted(f"t{n}"), lane.turn(f"t{n}", None):
+        async with admitted(lane, f"t{n}"), lane.turn(f"t{n}", None):
             await hold.wait()
 
     tasks = [asyncio.create_task(job(n)) for n in range(2)]
     await asyncio.sleep(0)
     with pytest.raises(Overloaded) as refused:
-        async with lane.admitted("t9"):
+        async with admitted(lane, "t9"):
             pass
     assert refused.value.retry_after >= 1
-    async with other.admitted("t9"):  # lanes are per model
+    async with admitted(other, "t9"):  # lanes are per model
         pass
     hold.set()
     await asyncio.gather(*tasks)
@@ -95,7 +142,7 @@ async def test_cancelled_and_timed_out_waiters_leave_the_queue() -> None:
             await hold.wait()
 
     async def waiter(ticket: str, timeout: float | None = None) -> str:
-        async with lane.admitted(ticket), lane.turn(ticket, timeout):
+        async with admitted(lane, ticket), lane.turn(ticket, timeout):
             return ticket
 
     running = asyncio.create_task(holder())
@@ -189,23 +236,31 @@ async def test_a_call_past_its_timeout_is_reported_at_once_and_released_when_it_
     lane.close()
 
 
-async def test_an_unread_stream_frees_its_slot_and_lease(tmp_path: Path) -> None:
-    """Synthesis never waits for the reader: a stalled client holds no engine."""
-    app = create_app(test_settings(tmp_path, preload=[]))
+async def test_an_unread_stream_waits_holding_nothing(tmp_path: Path) -> None:
+    """A reader that stops reading: synthesis runs ahead of it by the stream buffer, then waits
+    holding no place and no lease; once the reader is back, every segment arrives."""
+    app = create_app(test_settings(tmp_path, preload=[], stream_buffer_seconds=4))
     service = app.state.service
     text = " ".join(f"Sentence {word} is spoken while nobody reads it." for word in WORDS)
     plan = service.plan(model="espeak", text=text)
+    lane = service.registry["espeak"].lane
     try:
         async with service.speak(plan) as job:
+            assert job.record is not None
+            waiting = 0
             for _ in range(600):
-                if job.record.status == "done":
+                idle = (job.record.segments_done > 0 and lane.state() == LaneState(0, 0, 0)
+                        and service.registry.status()["espeak"].refcount == 0)
+                waiting = waiting + 1 if idle else 0
+                if waiting == 10:  # half a second with nothing held and nothing made
                     break
                 await asyncio.sleep(0.05)
-            assert job.record.status == "done"
-            assert service.registry["espeak"].lane.state() == LaneState(0, 0, 0)
-            assert service.registry.status()["espeak"].refcount == 0
+            assert waiting == 10, (job.record.status, lane.state())
+            ahead = job.record.segments_done
+            assert job.record.status == "streaming" and ahead < len(plan.segments)
             samples = sum([len(chunk) async for chunk in job.audio()])
-        assert job.stats is not None
+        assert job.stats is not None and job.stats.outcome == "done"
+        assert job.record.segments_done == len(plan.segments) > ahead
         assert samples > 22050 * 10
         assert abs(samples / 22.05 - job.stats.audio_duration_ms) < 0.1
     finally:
@@ -216,7 +271,7 @@ async def test_an_unread_stream_frees_its_slot_and_lease(tmp_path: Path) -> None
 @pytest.fixture(scope="module")
 def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     settings = test_settings(tmp_path_factory.mktemp("sched"), preload=["piper"],
-                             concurrency=1, queue_size=2)
+                             concurrency=1, queue_size=2, client_max_requests=3)
     live = start_server(settings)
     yield live
     live.stop()

@@ -1,0 +1,96 @@
+"""How a job's segments are joined into one stream: pauses between them, words on one clock.
+
+Each rendered segment becomes a `Joined` piece: the pause before it (after a sentence, half of it
+after a clause mark, none inside a phrase) is put in front of its first chunk, and its words are
+moved onto the job's clock (seconds from the first sample of the whole response). `events()` then
+gives what a reader sees for the piece: its words with spans in the request text (when the plan
+asks for timestamps), its audio chunks, its `SegmentEnd`. A cached response is replayed as the
+same pieces, so a hit and a miss look alike to every protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from app.audio import dsp
+from app.serving.cache import CachedAudio
+from app.serving.events import JobEvent, SegmentEnd, SegmentWords, Words
+from app.serving.plan import SpeechPlan
+from app.serving.render import Rendered
+from app.text.split import join_kind
+from engines.base import Audio
+
+PAUSE_SHARE = {"sentence": 1.0, "clause": 0.5, "word": 0.0}
+"""The share of the sentence pause that follows a segment, by how the segment ends."""
+
+
+@dataclass(frozen=True)
+class Joined:
+    """One segment as the reader gets it: the pause before it included."""
+
+    index: int
+    text: str
+    chunks: tuple[Audio, ...]
+    words: Words
+    """On the job's clock; spans in `text`."""
+
+    @property
+    def samples(self) -> int:
+        return sum(len(c) for c in self.chunks)
+
+
+class Assembly:
+    def __init__(self, plan: SpeechPlan, pause_ms: int) -> None:
+        self._plan = plan
+        self._pause_ms = pause_ms
+        self._rate = plan.sample_rate
+        self._samples = 0
+        """Samples joined so far: where the next piece starts on the job's clock."""
+        self._previous: str | None = None
+
+    def join(self, index: int, text: str, rendered: Rendered) -> Joined:
+        chunks, words = list(rendered.chunks), rendered.words
+        if self._previous is not None and chunks:
+            pause = self.pause_after(self._previous)
+            chunks[0] = np.concatenate([pause, chunks[0]])
+            words = tuple(w.moved(shift=len(pause) / self._rate) for w in words)
+        if self._plan.timestamps:
+            words = tuple(w.moved(shift=self._samples / self._rate) for w in words)
+        joined = Joined(index, text, tuple(chunks), words if self._plan.timestamps else ())
+        self._samples += joined.samples
+        self._previous = text
+        return joined
+
+    def pause_after(self, segment: str) -> Audio:
+        """The silence between `segment` and the next. Pauses are part of the tempo: at twice
+        the speed they last half as long."""
+        share = PAUSE_SHARE[join_kind(segment)]
+        return dsp.pause(self._rate, self._pause_ms * share / self._plan.speed)
+
+    def replay(self, entry: CachedAudio) -> Iterator[Joined]:
+        """A cached response as the pieces it was stored from."""
+        chunks = iter(entry.chunks)
+        segments = self._plan.segments
+        for index, count in enumerate(entry.segment_chunks):
+            text = segments[index] if index < len(segments) else ""
+            words = entry.segment_words(index, text) if self._plan.timestamps else ()
+            joined = Joined(index, text, tuple(next(chunks) for _ in range(count)), words)
+            self._samples += joined.samples
+            yield joined
+
+    def events(self, joined: Joined) -> Iterator[JobEvent]:
+        if self._plan.timestamps:
+            yield SegmentWords(joined.index, joined.text, self._placed(joined))
+        yield from joined.chunks
+        yield SegmentEnd(joined.index, joined.text, joined.samples)
+
+    def _placed(self, joined: Joined) -> Words:
+        """Segment-relative spans moved to the request text (streamed text keeps them)."""
+        offsets = self._plan.offsets
+        index = joined.index
+        if index >= len(offsets) or not offsets[index]:
+            return joined.words
+        return tuple(w.moved(chars=offsets[index]) for w in joined.words)

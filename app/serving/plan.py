@@ -1,0 +1,57 @@
+"""A request checked and ready to run, as `SpeechService.plan` makes it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from app.serving.scheduler import Lane
+from app.text.feed import TextFeed
+from engines.base import Engine
+from engines.registry import ModelHandle
+
+
+@dataclass
+class SpeechPlan:
+    """Everything that can fail before a byte is sent has been checked."""
+
+    handle: ModelHandle[Lane]
+    request_id: str
+    voice: str
+    text: str | TextFeed
+    """The whole text, or the feed a text-in session writes to."""
+    segments: list[str]
+    """The text cut for the engine; empty for a feed, whose sentences come as they complete."""
+    native_speed: float
+    stretch: float
+    """Pitch-preserving time-stretch applied after the engine (speed beyond its own range)."""
+    language: str | None
+    warnings: list[str] = field(default_factory=list)
+    internal: bool = False
+    """A warm-up: no cache, no record, no metrics."""
+    timestamps: bool = False
+    """Word timings wanted: `SegmentWords` events come before each segment's audio."""
+    offsets: list[int] = field(default_factory=list)
+    """Where each of `segments` starts in `text` (segments are slices of it)."""
+    client: str = ""
+    """Who asked (`app.http.clients`): a model's places and turns are shared out by client."""
+
+    @property
+    def model_id(self) -> str:
+        return self.handle.id
+
+    @property
+    def speed(self) -> float:
+        """The tempo asked for: the engine's part times the stretch."""
+        return self.native_speed * self.stretch
+
+    @property
+    def engine(self) -> Engine:
+        return self.handle.engine
+
+    @property
+    def sample_rate(self) -> int:
+        return self.handle.engine.sample_rate
+
+    @property
+    def streamed(self) -> bool:
+        return isinstance(self.text, TextFeed)

@@ -1,0 +1,71 @@
+"""The render record: everything that shapes a request's audio, and the cache key made from it.
+
+Two requests with the same record get the same samples, so the record is what the audio cache
+is keyed by, in this process and in a shared tier that outlives it: the model and its engine,
+the voice as resolved, the tempo (the engine's part and the stretch), the language, each
+segment's text (whitespace aside), and a fingerprint of what the audio is made from: the
+engine's fingerprint of the voice (weights, voice data, phonemizer versions: a replaced voice
+file is another record), the settings that shape the joined audio (the pause between sentences)
+and the code's audio revision. A job keeps the record it planned with and stores its result only
+if the model still renders that voice the same way when it finishes (`RenderRecord.current`):
+audio made before a rescan or a reload is never stored after it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+from app.audio.dsp import AUDIO_REVISION
+from engines.base import Engine, Fingerprinted
+from engines.signature import package_versions
+
+
+def engine_fingerprint(engine: Engine, voice: str) -> str:
+    """The engine's own fingerprint of `voice`; its name and class where it has none."""
+    if isinstance(engine, Fingerprinted):
+        return engine.fingerprint(voice)
+    kind = type(engine)
+    return f"{engine.name}:{kind.__module__}.{kind.__qualname__}"
+
+
+@dataclass(frozen=True)
+class RenderRecord:
+    model: str
+    engine: str
+    voice: str
+    native_speed: float
+    stretch: float
+    language: str | None
+    segments: tuple[str, ...]
+    """Each segment's text with its whitespace normalized (a paragraph break is kept as the
+    segmentation itself, which changes the pauses)."""
+    fingerprint: str
+    """The engine's fingerprint of the voice (`engines.signature`)."""
+    pause_ms: int
+    code: str
+    """VoxMux's version and audio revision."""
+
+    @classmethod
+    def of(cls, *, model: str, engine: Engine, voice: str, native_speed: float, stretch: float,
+           language: str | None, segments: list[str] | tuple[str, ...], pause_ms: int
+           ) -> RenderRecord:
+        return cls(
+            model=model, engine=engine.name, voice=voice,
+            native_speed=float(native_speed), stretch=float(stretch), language=language,
+            segments=tuple(" ".join(s.split()) for s in segments),
+            fingerprint=engine_fingerprint(engine, voice), pause_ms=pause_ms,
+            code=f"{package_versions('voxmux')}/audio{AUDIO_REVISION}",
+        )
+
+    def key(self) -> str:
+        """`<model>:<sha256 of the record>`: the model prefix lets a model's entries be dropped
+        together."""
+        blob = json.dumps(asdict(self), sort_keys=True, ensure_ascii=False,
+                          separators=(",", ":"))
+        return f"{self.model}:{hashlib.sha256(blob.encode()).hexdigest()}"
+
+    def current(self, engine: Engine) -> bool:
+        """Whether `engine` still renders this record's voice as it did when it was made."""
+        return engine_fingerprint(engine, self.voice) == self.fingerprint
