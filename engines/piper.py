@@ -81,10 +81,13 @@ class PiperModel:
     """Whether the ONNX graph has a `sid` input (multi-speaker models only)."""
     timed: bool = False
     """Whether the open session also outputs `DURATIONS` (word timings)."""
+    untimed_reason: str = f"its graph has no {DURATIONS}"
+    """Why an open session has no timings, for the error that refuses timestamps."""
 
     def open(self, runtime: RuntimeOptions, cache_dir: Path | None = None) -> None:
         path = self.path
         self.timed = False
+        self.untimed_reason = "this server keeps no timed graphs (no cache dir)"
         if cache_dir is not None:
             # The package dir may be read-only: the edited graph lives in the cache dir.
             stamp = "-".join(str(n) for n in self.signature)
@@ -94,8 +97,10 @@ class PiperModel:
                 if with_outputs(self.path, timed, (DURATIONS,), stamp):
                     path, self.timed = timed, True
                 else:
+                    self.untimed_reason = f"its graph has no {DURATIONS}"
                     log.info("piper voice %s has no %s: no word timings", self.stem, DURATIONS)
             except OSError as exc:
+                self.untimed_reason = "its timed graph could not be written to the cache dir"
                 log.warning("piper voice %s: no word timings (%s)", self.stem, exc)
         self.session = open_session(path, runtime)
         self.takes_speaker = any(i.name == "sid" for i in self.session.get_inputs())
@@ -278,7 +283,7 @@ class PiperEngine:
             )
         if req.timings and model.session is not None and not model.timed:
             raise InvalidParameter(f"Piper voice '{req.voice}' reports no word timings "
-                                   f"(its graph has no {DURATIONS})", param="timestamps")
+                                   f"({model.untimed_reason})", param="timestamps")
 
     def stream(self, req: SynthesisRequest) -> Iterator[Audio]:
         for chunk in self.stream_timed(req):
@@ -309,7 +314,7 @@ class PiperEngine:
             words += found
         if req.timings and not model.timed:
             raise InvalidParameter(f"Piper voice '{req.voice}' reports no word timings "
-                                   f"(its graph has no {DURATIONS})", param="timestamps")
+                                   f"({model.untimed_reason})", param="timestamps")
         ids, id_owners = model.phoneme_ids_owned(phonemes, owners)
         base = float(inference.get("length_scale", 1.0))
         feeds: dict[str, Any] = {
