@@ -48,6 +48,8 @@ BOS, EOS, PAD = "^", "$", "_"
 DURATIONS = "/Ceil_output_0"
 """Frames per phoneme id in a VITS graph (the rounded-up durations), made an output of a copy
 of each model in the cache dir; times the hop length they give the audio length."""
+UNTIMED = "timestamps_unsupported"
+"""The error code of a refusal of timestamps, as for an engine that times nothing."""
 HOP = 256
 """Samples per VITS frame (every Piper voice quality)."""
 PRIOR_FRAMES_PER_SYMBOL = 2.0
@@ -283,7 +285,8 @@ class PiperEngine:
             )
         if req.timings and model.session is not None and not model.timed:
             raise InvalidParameter(f"Piper voice '{req.voice}' reports no word timings "
-                                   f"({model.untimed_reason})", param="timestamps")
+                                   f"({model.untimed_reason})", param="timestamps",
+                                   code=UNTIMED)
 
     def stream(self, req: SynthesisRequest) -> Iterator[Audio]:
         for chunk in self.stream_timed(req):
@@ -314,7 +317,8 @@ class PiperEngine:
             words += found
         if req.timings and not model.timed:
             raise InvalidParameter(f"Piper voice '{req.voice}' reports no word timings "
-                                   f"({model.untimed_reason})", param="timestamps")
+                                   f"({model.untimed_reason})", param="timestamps",
+                                   code=UNTIMED)
         ids, id_owners = model.phoneme_ids_owned(phonemes, owners)
         base = float(inference.get("length_scale", 1.0))
         feeds: dict[str, Any] = {

