@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PROFILE ?= cpu
 
-.PHONY: serve test lint bench clean
+.PHONY: serve test lint bench clean uvicorn-floor
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,17 @@ test: $(BIN)/.installed-dev
 lint: $(BIN)/.installed-dev
 	$(BIN)/ruff check app engines tests bench
 	$(BIN)/mypy
+
+# app/http/connections.py subclasses uvicorn's private protocols: run its tests on the lowest
+# uvicorn pyproject.toml allows. Only uvicorn is swapped (installed into var/uvicorn-floor, first
+# on the path); everything else is the dev install's.
+UVICORN_FLOOR = $(shell sed -n 's/.*"uvicorn\[standard\]>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+uvicorn-floor: $(BIN)/.installed-dev
+	rm -rf var/uvicorn-floor
+	$(BIN)/pip install --quiet --no-deps --target var/uvicorn-floor 'uvicorn==$(UVICORN_FLOOR)'
+	PYTHONPATH=var/uvicorn-floor $(BIN)/python -c 'import uvicorn; print("uvicorn", uvicorn.__version__, uvicorn.__file__)'
+	PYTHONPATH=var/uvicorn-floor $(BIN)/pytest -q -p no:cacheprovider \
+		tests/app/http/test_uvicorn_range.py tests/app/http/test_connections.py
 
 bench: $(BIN)/.installed-dev
 	$(BIN)/python -m bench.run

@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.resources import CONFIG
 
+_HOST = re.compile(r"[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?|\[?[0-9a-f:.]+\]?")
 _ORIGIN = re.compile(r"https?://[A-Za-z0-9.-]+(:\d{1,5})?|https?://\[[0-9A-Fa-f:.]+\](:\d{1,5})?")
 
 
@@ -191,6 +192,13 @@ class Settings(BaseSettings):
     """Characters of text a `/ws/v1/tts/text` session may hold waiting to be spoken (text sent
     faster than it is spoken); beyond it the session ends with an error frame and close 1008."""
 
+    allowed_hosts: Annotated[list[str], NoDecode] = []
+    """Host names (comma list; `*` = any) this server answers besides loopback ones (localhost,
+    127.0.0.0/8, ::1, any port). Empty: a server bound to a loopback address answers loopback
+    names only, so a page on another name that resolves to 127.0.0.1 gets no answer (DNS
+    rebinding), and one bound beyond loopback (`0.0.0.0`, as in docker) answers any name. Set it
+    to the names clients use behind a reverse proxy or for a container: then only those (and
+    loopback names) are answered, on any bind. Others get 400 `host_not_allowed`."""
     allowed_origins: Annotated[list[str], NoDecode] = []
     """Browser origins besides the server's own (`scheme://host[:port]`, comma list) whose pages
     may send state-changing requests and open WebSockets without an API key (with the Studio's
@@ -229,8 +237,18 @@ class Settings(BaseSettings):
                 raise ValueError(f"{origin!r} is not an origin like https://app.example:8443")
         return origins
 
-    @field_validator("preload", "providers", "api_keys", "allowed_origins", "cors_origins",
-                     mode="before")
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, value: list[str]) -> list[str]:
+        hosts = [host.lower().rstrip(".") for host in value]
+        for host in hosts:
+            if host != "*" and not _HOST.fullmatch(host):
+                raise ValueError(f"{host!r} is not a host name like voxmux.example (no scheme, "
+                                 "no port)")
+        return hosts
+
+    @field_validator("preload", "providers", "api_keys", "allowed_hosts", "allowed_origins",
+                     "cors_origins", mode="before")
     @classmethod
     def _csv(cls, value: Any) -> Any:
         return _split_csv(value)

@@ -11,6 +11,8 @@ Engines `hold` the helper while they are loaded and `release` it when they unloa
 holder lets go the process is stopped. A call starts the process if it is not running (so a helper
 that died is replaced on the next call), and one call runs at a time. A helper that does not answer
 within the call timeout is killed; a failed call raises `SynthesisFailed` with the reason.
+Each process has a thread that waits for it, so a helper that dies, whatever killed it, is
+reaped at once rather than left a zombie until the next call.
 """
 
 from __future__ import annotations
@@ -111,6 +113,8 @@ class HelperProcess:
         process = subprocess.Popen(self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    env=env, start_new_session=True)
         self._process = process
+        threading.Thread(target=self._reap, args=(process,), name=f"reap-{process.pid}",
+                         daemon=True).start()
         try:
             ready = self._read(process, self._start_timeout)
         except (OSError, ValueError) as exc:
@@ -122,6 +126,12 @@ class HelperProcess:
         log.info("%s started (pid %d) in %.2f s", self.what, process.pid,
                  time.monotonic() - started)
         return process
+
+    def _reap(self, process: subprocess.Popen[bytes]) -> None:
+        """Wait for `process` to end, so that it never stays a zombie."""
+        status = process.wait()
+        if self._process is process:  # not stopped by us: it died or was killed
+            log.warning("%s (pid %d) exited with status %s", self.what, process.pid, status)
 
     def _read(self, process: subprocess.Popen[bytes], timeout: float) -> dict[str, Any]:
         """The next reply line, or ValueError when the helper is silent or gone."""

@@ -49,6 +49,8 @@ BOS, EOS, PAD = "^", "$", "_"
 DURATIONS = "/Ceil_output_0"
 """Frames per phoneme id in a VITS graph (the rounded-up durations), made an output of a copy
 of each model in the cache dir; times the hop length they give the audio length."""
+UNTIMED = "timestamps_unsupported"
+"""The error code of a refusal of timestamps, as for an engine that times nothing."""
 HOP = 256
 """Samples per VITS frame (every Piper voice quality)."""
 PRIOR_FRAMES_PER_SYMBOL = 2.0
@@ -84,10 +86,13 @@ class PiperModel:
     """Whether the ONNX graph has a `sid` input (multi-speaker models only)."""
     timed: bool = False
     """Whether the open session also outputs `DURATIONS` (word timings)."""
+    untimed_reason: str = f"its graph has no {DURATIONS}"
+    """Why an open session has no timings, for the error that refuses timestamps."""
 
     def open(self, runtime: RuntimeOptions, cache_dir: Path | None = None) -> None:
         path = self.path
         self.timed = False
+        self.untimed_reason = "this server keeps no timed graphs (no cache dir)"
         if cache_dir is not None:
             # The package dir may be read-only: the edited graph lives in the cache dir.
             stamp = "-".join(str(n) for n in self.signature)
@@ -97,8 +102,10 @@ class PiperModel:
                 if with_outputs(self.path, timed, (DURATIONS,), stamp):
                     path, self.timed = timed, True
                 else:
+                    self.untimed_reason = f"its graph has no {DURATIONS}"
                     log.info("piper voice %s has no %s: no word timings", self.stem, DURATIONS)
             except OSError as exc:
+                self.untimed_reason = "its timed graph could not be written to the cache dir"
                 log.warning("piper voice %s: no word timings (%s)", self.stem, exc)
         self.session = open_session(path, runtime)
         self.takes_speaker = any(i.name == "sid" for i in self.session.get_inputs())
@@ -288,7 +295,8 @@ class PiperEngine:
             )
         if req.timings and model.session is not None and not model.timed:
             raise InvalidParameter(f"Piper voice '{req.voice}' reports no word timings "
-                                   f"(its graph has no {DURATIONS})", param="timestamps")
+                                   f"({model.untimed_reason})", param="timestamps",
+                                   code=UNTIMED)
 
     def stream(self, req: SynthesisRequest) -> Iterator[Audio]:
         for chunk in self.stream_timed(req):
@@ -319,7 +327,8 @@ class PiperEngine:
             words += found
         if req.timings and not model.timed:
             raise InvalidParameter(f"Piper voice '{req.voice}' reports no word timings "
-                                   f"(its graph has no {DURATIONS})", param="timestamps")
+                                   f"({model.untimed_reason})", param="timestamps",
+                                   code=UNTIMED)
         ids, id_owners = model.phoneme_ids_owned(phonemes, owners)
         base = float(inference.get("length_scale", 1.0))
         feeds: dict[str, Any] = {

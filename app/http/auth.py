@@ -1,7 +1,8 @@
 """API keys: `Authorization: Bearer`, `?token=` on WebSockets, or a signed session cookie.
 
 `VOXMUX_API_KEYS` empty leaves the server open; a comma list sets the keys; `auto` generates one
-key on first start, stores it with mode 0600 under `credentials_dir` and logs it that once.
+key on first start, stores it with mode 0600 under `credentials_dir` and prints it that once on
+the console (stderr), never through logging: a log may go to a file (`log_dir`), a key must not.
 Scope `admin` guards /stats, /requests and the model admin routes; `all` guards synthesis and
 listings too (only /health and the session routes stay open). Keys are compared with
 `hmac.compare_digest` and never echoed: not in error bodies, not in logs (query-string tokens
@@ -19,6 +20,7 @@ import logging
 import os
 import re
 import secrets
+import sys
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -44,7 +46,7 @@ MESSAGE = (
 
 
 def auto_key(directory: Path) -> str:
-    """The key in `directory/api_key`, generated (0600, atomically, logged once) if absent."""
+    """The key in `directory/api_key`, generated (0600, atomically, shown once) if absent."""
     path = directory / KEY_FILE
     existing = _read_key(path)
     if existing:
@@ -64,8 +66,10 @@ def auto_key(directory: Path) -> str:
             return _read_key(path) or key
     finally:
         tmp.unlink(missing_ok=True)
-    log.warning("VOXMUX_API_KEYS=auto: generated API key %s (stored in %s; shown only once)",
-                key, path)
+    print(f"VOXMUX_API_KEYS=auto: generated API key {key} (stored in {path}; shown only once, "
+          "on this console)", file=sys.stderr, flush=True)
+    log.warning("VOXMUX_API_KEYS=auto: generated a new API key, stored in %s (printed on the "
+                "console, never logged)", path)
     return key
 
 

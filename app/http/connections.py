@@ -26,6 +26,12 @@ close those gaps where they arise:
 - a request the parser refuses (and a malformed WebSocket upgrade) gets OpenAI's error shape
   instead of plain text.
 - an invalid UTF-8 text frame closes the WebSocket with 1007, logged in one debug line.
+
+These subclasses use uvicorn's private protocol classes, so they hold for the uvicorn versions
+they are tested with: `UVICORN_RANGE`, the range pyproject.toml declares. 0.55.0 is the first
+with everything used here (websockets' sans-I/O protocol arrived in 0.35, its `frames` in 0.50,
+`handle_handshake_exception` in 0.55; before it an upgrade whose head websockets refuses was
+never answered). `make uvicorn-floor` runs the connection tests against the lowest version.
 """
 
 from __future__ import annotations
@@ -40,8 +46,6 @@ from typing import Any, ClassVar
 
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
-from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.http11 import Request
 
 from app.http.errors import (
@@ -59,6 +63,16 @@ from app.http.requestid import HEADER as REQUEST_ID
 from app.settings import Settings
 from engines.base import VoxMuxError
 
+try:
+    from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+    from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+except ImportError as exc:  # an older uvicorn than pyproject.toml allows
+    raise ImportError(f"VoxMux needs uvicorn>=0.55 (installed: {uvicorn.__version__}): "
+                      f"{exc}") from exc
+
+UVICORN_RANGE = ">=0.55"
+"""The uvicorn versions this module is written and tested for: pyproject.toml's range, and the
+one named in the import error above (tests/app/http/test_uvicorn_range.py keeps them equal)."""
 log = logging.getLogger(__name__)
 
 WS_MAX_SIZE = 1 << 20

@@ -1,10 +1,10 @@
 """Everything between a client and the routes, installed by one call.
 
 `install(app, settings)` gives an app VoxMux's keys and sessions, its error table, the limits
-on what a client may make it hold, the same-origin rule, security headers, optional CORS and an
-honest OpenAPI schema. Any app serving VoxMux's routes calls it (the single-process app in
-app.main; a scale-out ingress too). What happens below the app, in the HTTP server, is
-app.http.connections.
+on what a client may make it hold, the allowed hosts, the same-origin rule, security headers,
+optional CORS and an honest OpenAPI schema. Any app serving VoxMux's routes calls it (the
+single-process app in app.main; a scale-out ingress too). What happens below the app, in the HTTP
+server, is app.http.connections.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from app.http import errors, openapi
 from app.http.auth import Authenticator, install_log_redaction, resolve_keys
 from app.http.compat import ErrorDetail, Http10Bodies
 from app.http.headers import SecurityHeaders
+from app.http.hosts import HostGuard
 from app.http.limits import BodyLimitMiddleware, BodyTimeout, WebSocketSendTimeout
 from app.http.origin import OriginGuard
 from app.http.requestid import RequestIdMiddleware
@@ -42,6 +43,7 @@ def install(app: FastAPI, settings: Settings) -> Authenticator:
     app.add_middleware(WebSocketSendTimeout, seconds=settings.ws_send_timeout)
     explicit = [origin for origin in settings.cors_origins if origin != "*"]
     app.add_middleware(OriginGuard, auth=auth, allowed=settings.allowed_origins + explicit)
+    app.add_middleware(HostGuard, bind=settings.host, allowed=settings.allowed_hosts)
     app.add_middleware(ErrorDetail, paths=("/api/tts",))  # HayaKoe's clients read `detail`
     app.add_middleware(Http10Bodies)  # no chunked encoding for HTTP/1.0 clients
     app.add_middleware(RequestIdMiddleware)

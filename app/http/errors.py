@@ -43,6 +43,10 @@ class Forbidden(VoxMuxError):
     """The caller is known but may not do this (e.g. cancel another client's request)."""
 
 
+class HostNotAllowed(VoxMuxError):
+    """The request names a `Host` this server does not answer (`allowed_hosts`)."""
+
+
 class RequestNotFound(VoxMuxError):
     """No running request has that id."""
 
@@ -139,6 +143,7 @@ TABLE: dict[type[Exception], ErrorKind] = {
     Cancelled: ErrorKind(499, _BAD, "cancelled", lunavox_close=1000),
     InvalidApiKey: ErrorKind(401, _BAD, "invalid_api_key", ws_close=1008, lunavox_close=1008),
     Forbidden: ErrorKind(403, "permission_error", "forbidden", ws_close=1008, lunavox_close=1008),
+    HostNotAllowed: ErrorKind(400, _BAD, "host_not_allowed", ws_close=1008, lunavox_close=1008),
     RequestNotFound: ErrorKind(404, _BAD, "request_not_found"),
     RequestTooLarge: ErrorKind(413, _BAD, "request_too_large"),
     ClientTooSlow: ErrorKind(408, _BAD, "client_too_slow"),

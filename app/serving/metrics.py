@@ -8,12 +8,18 @@ LunaVox's names are exported beside VoxMux's, from the same events, so its dashb
 unchanged: `lunavox_pool_size` (engine slots of the loaded models: `concurrency` each),
 `lunavox_pool_idle` (those not running an engine call now), `lunavox_requests_total{voice,status}`
 (status `ok` for a finished request, else VoxMux's outcome), `lunavox_request_duration_seconds`
-and `lunavox_rtf` by `voice` (the resolved voice id).
+and `lunavox_rtf` by `voice`.
+
+Every label has a bounded set of values, whatever clients send: `model` is a catalogue model id,
+and `voice` is a catalogue voice id of the model, `blend` for any blend of its voices (Kokoro's
+`jf_alpha(2)+jm_kumo(1)`, whatever the weights and spacing), else `other` (see `voice_label`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Collection, Iterator
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -28,12 +34,41 @@ from prometheus_client.registry import Collector
 from app.serving.cache import CacheSnapshot
 from app.serving.fleet import ModelView, ReplicaState
 from app.serving.tracking import RequestStats
-from engines.registry import ModelStatus
+from engines.registry import EngineRegistry, ModelStatus
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 _SECONDS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _RTF = (0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1, 1.5, 2, 5)
+
+BLEND = "blend"
+OTHER = "other"
+_BLEND_PART = re.compile(r"\s*([^()+\s]+)\s*(?:\(\s*[0-9]*\.?[0-9]+\s*\))?\s*")
+
+VoiceIds = Callable[[str], Collection[str]]
+"""A model id -> the ids of its catalogue voices."""
+
+
+def voice_label(voice: str, known: Collection[str]) -> str:
+    """`voice` as a metric label: itself when it is one of `known` (the model's voice ids),
+    `blend` when every `+` part is a known id with an optional `(weight)`, else `other`."""
+    if voice in known:
+        return voice
+    parts = [_BLEND_PART.fullmatch(piece) for piece in voice.split("+")]
+    if len(parts) > 1 and all(m is not None and m[1] in known for m in parts):
+        return BLEND
+    return OTHER
+
+
+def registry_voice_ids(registry: EngineRegistry[Any]) -> VoiceIds:
+    """Voice ids as the model's engine lists them now (they change with a rescan)."""
+
+    def ids(model_id: str) -> Collection[str]:
+        if model_id not in registry:
+            return ()
+        return {v.id for v in registry[model_id].engine.voices()}
+
+    return ids
 
 
 class _Levels(Collector):
@@ -117,7 +152,9 @@ def _replica_levels(replicas: list[ReplicaState]) -> Iterator[Metric]:
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, voice_ids: VoiceIds | None = None) -> None:
+        self.voice_ids: VoiceIds = voice_ids or (lambda model_id: ())
+        """Which voices are labelled by their id (see `voice_label`); none unless set."""
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "voxmux_requests", "Finished synthesis requests by model and outcome",
@@ -155,6 +192,7 @@ class Metrics:
         self.registry.register(self._levels)
 
     def observe_request(self, model: str, stats: RequestStats, voice: str = "") -> None:
+        voice = voice_label(voice, self.voice_ids(model))
         self.requests.labels(model, stats.outcome).inc()
         status = "ok" if stats.outcome == "done" else stats.outcome
         self.lunavox_requests.labels(voice, status).inc()

@@ -7,7 +7,9 @@ next to it (a sorted set of keys by last use, a hash of sizes, a running byte to
 script per operation reads, stores and evicts the least recently used entries atomically, so
 concurrent replicas never overshoot `max_items` or `max_bytes`. Redis's own `maxmemory` with an
 LRU policy is the guard behind that (see docs/scale-out.md): an entry it evicts is dropped from
-the index the next time it is looked up.
+the index the next time it is looked up, and an index key it evicts (the recency set, the sizes,
+the total) is rebuilt from the rest by the next store, so the store never wedges on a stale
+total.
 
 An entry's value is a small JSON header (model, rate, chunk layout) followed by the raw float32
 samples; nothing is unpickled from the shared store. Redis out of reach never fails a request:
@@ -53,20 +55,77 @@ return value
 _PUT = """
 local key, size = ARGV[1], tonumber(ARGV[3])
 local max_items, max_bytes, prefix = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
+local audio = prefix .. 'audio:'
+
+-- The index (KEYS[2] recency, KEYS[3] sizes, KEYS[4] the byte total and tick) made consistent
+-- again from what is left of it: any of its keys may have been evicted (allkeys-lru). Entries
+-- whose sizes are known are indexed (a lost recency as the oldest), an indexed entry without a
+-- size gets its stored length, an entry that is gone leaves the index; the total is recounted.
+local function rebuild()
+  local total, indexed = 0, {}
+  for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+    local known = redis.call('HGET', KEYS[3], member)
+    if not known and redis.call('EXISTS', audio .. member) == 1 then
+      known = redis.call('STRLEN', audio .. member)
+      redis.call('HSET', KEYS[3], member, known)
+    end
+    if known then
+      indexed[member] = true
+      total = total + tonumber(known)
+    else
+      redis.call('ZREM', KEYS[2], member)
+    end
+  end
+  local sizes = redis.call('HGETALL', KEYS[3])
+  for i = 1, #sizes, 2 do
+    local member = sizes[i]
+    if not indexed[member] then
+      if redis.call('EXISTS', audio .. member) == 1 then
+        redis.call('ZADD', KEYS[2], 0, member)
+        total = total + tonumber(sizes[i + 1])
+      else
+        redis.call('HDEL', KEYS[3], member)
+      end
+    end
+  end
+  local newest = redis.call('ZREVRANGE', KEYS[2], 0, 0, 'WITHSCORES')[2]
+  if newest and tonumber(newest) > tonumber(redis.call('HGET', KEYS[4], 'tick') or 0) then
+    redis.call('HSET', KEYS[4], 'tick', newest)
+  end
+  redis.call('HSET', KEYS[4], 'bytes', total)
+  return total
+end
+
+local intact = redis.call('EXISTS', KEYS[2]) == 1 and redis.call('EXISTS', KEYS[3]) == 1
+  and redis.call('HEXISTS', KEYS[4], 'bytes') == 1
 local old = redis.call('HGET', KEYS[3], key)
 if old then redis.call('HINCRBY', KEYS[4], 'bytes', -tonumber(old)) end
 redis.call('SET', KEYS[1], ARGV[2])
 redis.call('HSET', KEYS[3], key, size)
 local total = redis.call('HINCRBY', KEYS[4], 'bytes', size)
 redis.call('ZADD', KEYS[2], redis.call('HINCRBY', KEYS[4], 'tick', 1), key)
+local rebuilt = not intact
+if rebuilt then total = rebuild() end
 local evicted = 0
 while redis.call('ZCARD', KEYS[2]) > max_items or total > max_bytes do
-  local victim = redis.call('ZPOPMIN', KEYS[2])[1]
+  local victim = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+  if not victim then  -- nothing indexed is over no budget: the total was stale
+    total = rebuild()
+    break
+  end
   local victim_size = redis.call('HGET', KEYS[3], victim)
-  redis.call('HDEL', KEYS[3], victim)
-  redis.call('DEL', prefix .. 'audio:' .. victim)
-  if victim_size then total = redis.call('HINCRBY', KEYS[4], 'bytes', -tonumber(victim_size)) end
-  evicted = evicted + 1
+  if not rebuilt and (victim == key or not victim_size) then
+    -- over budget with only this entry left, or an entry of unknown size: the index was
+    -- partly lost; rebuilt once, then evicting goes on from a true total
+    total = rebuild()
+    rebuilt = true
+  else
+    redis.call('ZREM', KEYS[2], victim)
+    redis.call('HDEL', KEYS[3], victim)
+    redis.call('DEL', audio .. victim)
+    if victim_size then total = redis.call('HINCRBY', KEYS[4], 'bytes', -tonumber(victim_size)) end
+    evicted = evicted + 1
+  end
 end
 return evicted
 """

@@ -7,6 +7,7 @@ never calls the API over HTTP.
 from __future__ import annotations
 
 import asyncio
+import functools
 import secrets
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -262,12 +263,31 @@ async def synthesize(service: SpeechService, *, model: str, text: str, voice: st
                      speed: float, fmt: str, request_id: str, request: Request | None = None
                      ) -> Clip:
     """One whole clip through the speech service (planned `whole`: nothing plays before it is
-    made, so no segment is kept short)."""
+    made, so no segment is kept short), with its words where the engine times them.
+
+    A voice whose engine has no timings for it (a Piper graph without the duration tensor, or
+    none could be made) is spoken without them, and the clip says so: the Studio plays every
+    voice the API speaks. The engine may only find that out once loaded, so its refusal of
+    timestamps is taken at any point of the first try."""
     if fmt not in FORMATS:
         raise InvalidParameter(
             f"The Studio plays {', '.join(FORMATS)}; '{fmt}' is not one of them", param="format"
         )
     timed = isinstance(service.registry.resolve(model).engine, TimedEngine)
+    attempt = functools.partial(_clip, service, model=model, text=text, voice=voice,
+                                speed=speed, fmt=fmt, request_id=request_id, request=request)
+    try:
+        return await attempt(timed=timed)
+    except InvalidParameter as exc:
+        if not timed or exc.code != "timestamps_unsupported":
+            raise
+        note = f"No word timings for this voice: {exc.message}. The transcript is not highlighted."
+        return await attempt(timed=False, notes=[note])
+
+
+async def _clip(service: SpeechService, *, model: str, text: str, voice: str | None,
+                speed: float, fmt: str, request_id: str, request: Request | None, timed: bool,
+                notes: list[str] | None = None) -> Clip:
     plan = service.plan(model=model, text=text, voice=voice or None, speed=speed,
                         request_id=request_id, timestamps=timed, whole=True)
     job = service.speak(plan)
@@ -282,7 +302,7 @@ async def synthesize(service: SpeechService, *, model: str, text: str, voice: st
         voice=plan.voice,
         sample_rate=job.sample_rate,
         stats=job.stats.envelope(),
-        warnings=list(plan.warnings),
+        warnings=[*plan.warnings, *(notes or [])],
         text=text,
         words=[word_json(w) for w in words],
         srt=captions(text, words, "srt") if words else "",

@@ -4,6 +4,7 @@ Japanese is loaded, and a helper that dies, hangs or cannot start fails one call
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from engines.frontend import ja, zh
 from engines.helper import HelperProcess
 from engines.kokoro import KokoroEngine
 from engines.onnx import RuntimeOptions
-from tests.conftest import CACHE_DIR
+from tests.conftest import CACHE_DIR, LiveServer, decode
 
 READY = 'print(\'{"ready": true}\', flush=True)'
 
@@ -153,3 +154,48 @@ def test_kokoro_load_that_fails_later_gives_the_reader_back(
     with pytest.raises(LoadFailed, match="Chinese dictionary: jieba's dictionary is unreadable"):
         kokoro.load()
     assert not kokoro.loaded and reader.holders == 0 and reader.pid is None
+
+
+def state(pid: int) -> str | None:
+    """The process's state letter (`Z` for a zombie), None once it is gone (reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def zombie_children() -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == "Z" and int(fields[1]) == os.getpid():
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_a_killed_reader_is_reaped_and_replaced(server: LiveServer) -> None:
+    """The server's own reader, killed from outside: it does not stay a zombie, whether or not
+    Japanese text comes next, and the next Japanese request is read by a new one."""
+    def speak_japanese() -> None:
+        with server.client() as http:
+            reply = http.post("/v1/audio/speech", json={
+                "model": "kokoro", "input": f"東京は{time.monotonic_ns() % 1000}度です。",
+                "response_format": "wav"})
+        assert reply.status_code == 200, reply.text
+        assert decode(reply.content, "wav").duration > 0.5
+
+    speak_japanese()
+    for _ in range(2):
+        pid = ja.READER.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while state(pid) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert state(pid) is None, f"the killed reader {pid} is left as {state(pid)}"
+        speak_japanese()
+        assert ja.READER.pid not in (None, pid)
+        assert state(pid) is None and pid not in zombie_children()

@@ -219,7 +219,8 @@
     const started = performance.now();
     const request = { model, input: $("text").value, speed: Number($("speed").value),
                       format: "pcm_s16le" };
-    if (!player.untimed) request.timestamps = "word";
+    const untimed = player.untimed;  // a retry for a voice without word timings
+    if (!untimed) request.timestamps = "word";
     player.untimed = false;
     const words = $("stream-words");
     words.textContent = "";
@@ -283,13 +284,14 @@
         const parts = [`${s.segments} segments`, `${(s.audio_duration_ms / 1000).toFixed(2)} s of audio`];
         if (s.ttfb_ms != null) parts.push(`server first audio ${Math.round(s.ttfb_ms)} ms`);
         if (s.rtf != null) parts.push(`RTF ${s.rtf.toFixed(3)}`);
+        if (untimed) parts.push("no word timings for this voice");
         $("stream-detail").textContent = parts.join(" · ");
         streamState("received; playing to the end");
         refresh();
         finishWhenPlayed(ctx, session);
       } else if (message.type === "error" && message.error &&
                  message.error.code === "timestamps_unsupported") {
-        finished = true;  // an engine without word timings: stream without them
+        finished = true;  // an engine or voice without word timings: stream without them
         ws.close(1000, "retry");
         player.untimed = true;
         startStream();

@@ -216,18 +216,20 @@ def test_sessions_end_when_the_key_rotates_or_expires() -> None:
 
 
 def test_auto_key_is_written_once_0600_and_reused(tmp_path: Path,
-                                                  caplog: pytest.LogCaptureFixture) -> None:
+                                                  caplog: pytest.LogCaptureFixture,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
     settings = test_settings(tmp_path, preload=[], api_keys="auto")
     first = create_app(settings)
     path = settings.credentials_dir / "api_key"
     key = path.read_text().strip()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert caplog.text.count(key) == 1  # shown once, so the operator can copy it
+    assert capsys.readouterr().err.count(key) == 1  # on the console once, to be copied
+    assert key not in caplog.text and str(path) in caplog.text  # never into a log
     caplog.clear()
     path.chmod(0o644)
     second = create_app(settings)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert key not in caplog.text
+    assert key not in caplog.text and key not in capsys.readouterr().err
     assert first.state.auth.match(key) == second.state.auth.match(key) == key
     with TestClient(second) as client:
         assert client.get("/stats").status_code == 401
