@@ -25,7 +25,6 @@ from app.routes import (
 )
 from app.serving.catalogue import Catalogue
 from app.serving.fleet import Fleet
-from app.serving.metrics import registry_voice_ids
 from app.serving.render import Renderer
 from app.serving.scheduler import Lane
 from app.serving.service import SpeechService
@@ -98,7 +97,6 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
     check_providers(runtime)  # a missing CUDA shows in /health before the first model loads
     registry = build_registry(settings, catalogue, runtime)
     service = SpeechService(settings, registry, renderer=renderer, fleet=fleet)
-    service.metrics.voice_ids = registry_voice_ids(registry)  # bounded `voice` labels
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -18,7 +18,7 @@ from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from app.http.auth import authenticator
-from app.http.deps import RequestIdDep, ServiceDep
+from app.http.deps import ClientDep, RequestIdDep, ServiceDep
 from app.http.errors import kind_of
 from app.resources import STATIC, TEMPLATES
 from app.serving.service import SpeechService
@@ -171,6 +171,7 @@ async def generate(
     pages: PagesDep,
     clips: ClipsDep,
     request_id: RequestIdDep,
+    client: ClientDep,
     model: Annotated[str, Form()],
     text: Annotated[str, Form()] = "",
     voice: Annotated[str, Form()] = "",
@@ -183,7 +184,8 @@ async def generate(
         return _block(pages, "result", ctx, 401)
     try:
         clip = await synthesize(service, model=model, text=text, voice=voice.strip(),
-                                speed=speed, fmt=format, request_id=request_id, request=request)
+                                speed=speed, fmt=format, request_id=request_id, client=client,
+                                request=request)
     except VoxMuxError as exc:
         ctx = await _context(request, service, ("result",), error=exc.message)
         return _block(pages, "result", ctx, kind_of(exc).status)

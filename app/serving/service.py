@@ -21,7 +21,7 @@ from app.serving.cache import AudioCache, open_cache
 from app.serving.fleet import Fleet, ModelView, ReplicaState, fleet_views, local_views
 from app.serving.job import JobContext, SpeechJob
 from app.serving.memory import process_memory
-from app.serving.metrics import Metrics
+from app.serving.metrics import Metrics, registry_voice_ids
 from app.serving.plan import SpeechPlan
 from app.serving.record import RenderRecord
 from app.serving.render import LocalRenderer, Renderer
@@ -60,7 +60,7 @@ class SpeechService:
         self.renderer = renderer or LocalRenderer(registry, settings.request_timeout)
         self.fleet = fleet
         self.stats = stats or ServingStats(settings.request_log_size, settings.stats_window)
-        self.metrics = Metrics()
+        self.metrics = Metrics(registry_voice_ids(registry))  # bounded `voice` labels
         registry.on_change.append(self._observe_load)
         self._jobs: dict[str, SpeechJob] = {}
         """Running jobs by ticket."""

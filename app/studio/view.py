@@ -260,8 +260,8 @@ def new_clip_id() -> str:
 
 
 async def synthesize(service: SpeechService, *, model: str, text: str, voice: str | None,
-                     speed: float, fmt: str, request_id: str, request: Request | None = None
-                     ) -> Clip:
+                     speed: float, fmt: str, request_id: str, client: str = "",
+                     request: Request | None = None) -> Clip:
     """One whole clip through the speech service (planned `whole`: nothing plays before it is
     made, so no segment is kept short), with its words where the engine times them.
 
@@ -275,7 +275,8 @@ async def synthesize(service: SpeechService, *, model: str, text: str, voice: st
         )
     timed = isinstance(service.registry.resolve(model).engine, TimedEngine)
     attempt = functools.partial(_clip, service, model=model, text=text, voice=voice,
-                                speed=speed, fmt=fmt, request_id=request_id, request=request)
+                                speed=speed, fmt=fmt, request_id=request_id, client=client,
+                                request=request)
     try:
         return await attempt(timed=timed)
     except InvalidParameter as exc:
@@ -286,10 +287,10 @@ async def synthesize(service: SpeechService, *, model: str, text: str, voice: st
 
 
 async def _clip(service: SpeechService, *, model: str, text: str, voice: str | None,
-                speed: float, fmt: str, request_id: str, request: Request | None, timed: bool,
-                notes: list[str] | None = None) -> Clip:
+                speed: float, fmt: str, request_id: str, client: str, request: Request | None,
+                timed: bool, notes: list[str] | None = None) -> Clip:
     plan = service.plan(model=model, text=text, voice=voice or None, speed=speed,
-                        request_id=request_id, timestamps=timed, whole=True)
+                        request_id=request_id, timestamps=timed, whole=True, client=client)
     job = service.speak(plan)
     samples, words = await whole_timed(job, request)
     data = await asyncio.to_thread(encode_whole, samples, job.sample_rate, fmt)
