@@ -8,11 +8,14 @@ The timed outputs (the durations tensor) keep their names, so timings work the s
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import os
 import re
 import threading
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 from typing import Literal
 
@@ -24,8 +27,6 @@ from engines.float16 import MissingConverter, to_float16
 
 Precision = Literal["int8", "fp32", "fp16"]
 PRECISIONS: tuple[Precision, ...] = ("int8", "fp32", "fp16")
-RECIPE = "float-1"
-"""Changes whenever the build below would write a different graph, so cached ones are redone."""
 
 KEEP_FP32 = (
     re.compile(r"/decoder/decoder/generator/m_source/"),
@@ -37,6 +38,18 @@ NaN audio), and the generator's own nodes take the STFT of that source and turn 
 output into magnitude and phase (atan2 of small spectra in float16 gave NaN). Everything else
 (text encoder, ALBERT, prosody predictor, decoder blocks, the iSTFT) holds in float16: its audio
 is closer to the fp32 graph's than the int8 graph's is, and the durations are equal."""
+
+
+@functools.cache
+def recipe() -> str:
+    """What the built graphs depend on besides the int8 one: this module, the two passes and the
+    converter's version. Part of each graph's stamp, so a change to any of them rebuilds it."""
+    digest = hashlib.sha256()
+    for module in ("kokoro_float.py", "dequantize.py", "float16.py"):
+        digest.update(Path(__file__).with_name(module).read_bytes())
+    with contextlib.suppress(metadata.PackageNotFoundError):  # fp16 fails without it anyway
+        digest.update(metadata.version("onnxconverter-common").encode())
+    return digest.hexdigest()[:16]
 
 
 def graph_file(precision: Precision) -> str:
@@ -89,7 +102,7 @@ def float_graph(timed: Path, stamp: str, precision: Precision) -> Path:
         return timed
     fp32 = timed.with_name(graph_file("fp32"))
     try:
-        _build_once(fp32, f"{stamp} {RECIPE} fp32",
+        _build_once(fp32, f"{stamp} {recipe()} fp32",
                     lambda: dequantize(onnx.load(str(timed))))
         if precision == "fp32":
             return fp32
@@ -99,7 +112,7 @@ def float_graph(timed: Path, stamp: str, precision: Precision) -> Path:
             keep = [n.name for n in model.graph.node if any(p.match(n.name) for p in KEEP_FP32)]
             return to_float16(model, keep_nodes=keep)
 
-        return _build_once(timed.with_name(graph_file("fp16")), f"{stamp} {RECIPE} fp16",
+        return _build_once(timed.with_name(graph_file("fp16")), f"{stamp} {recipe()} fp16",
                            build16)
     except (UnknownPattern, MissingConverter) as exc:
         raise LoadFailed(f"Kokoro {precision} graph cannot be built: {exc}") from exc
