@@ -257,21 +257,27 @@ def _float_dequantize(g: _Graph, node: onnx.NodeProto) -> None:
     weight; one of a QuantizeLinear at run time (a fake-quantized activation) becomes the
     activation itself."""
     source = node.input[0]
-    scale = g.array(node.input[1])
-    zero = g.array(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    zero_name = node.input[2] if len(node.input) > 2 else ""
     axis = next((int(helper.get_attribute_value(a)) for a in node.attribute if a.name == "axis"),
                 1)
+
+    def float_weight(name: str) -> str:
+        def make() -> Array:
+            return _dequantized(g.array(name), g.array(node.input[1]),
+                                g.array(zero_name) if zero_name else None, axis)
+
+        return g.weight((name, node.input[1], zero_name, str(axis)),
+                        name.removesuffix("_quantized") + ".float", make)
+
     if source in g.initializers:
-        g.replace(helper.make_node("Identity", [g.constant(
-            node.output[0] + ".float", _dequantized(g.array(source), scale, zero, axis))],
-            list(node.output), name=node.name), node)
+        g.replace(helper.make_node("Identity", [float_weight(source)], list(node.output),
+                                   name=node.name), node)
         return
     writer = g.producer.get(source)
     if writer is not None and writer.op_type == "Gather" and writer.input[0] in g.initializers:
-        if scale.size > 1:
+        if g.array(node.input[1]).size > 1:
             raise UnknownPattern(f"{node.name!r} dequantizes gathered rows per channel")
-        table = g.constant(writer.input[0].removesuffix("_quantized") + ".float",
-                           _dequantized(g.array(writer.input[0]), scale, zero, axis))
+        table = float_weight(writer.input[0])
         gather = helper.make_node("Gather", [table, writer.input[1]], list(node.output),
                                   name=writer.name)
         gather.attribute.extend(writer.attribute)
