@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 EngineBuilder = Callable[[Settings, RuntimeOptions], Engine]
 
 ENGINES: dict[str, EngineBuilder] = {
-    "kokoro": lambda s, rt: KokoroEngine(s.cache_dir, s.models_dir / "kokoro", rt),
+    "kokoro": lambda s, rt: KokoroEngine(s.cache_dir, s.models_dir / "kokoro", rt,
+                                         s.kokoro_precision),
     "piper": lambda s, rt: PiperEngine(s.models_dir / "piper", rt, s.cache_dir),
     "espeak": lambda s, rt: EspeakEngine(),
 }

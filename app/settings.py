@@ -75,6 +75,12 @@ class Settings(BaseSettings):
     """onnxruntime threads per inference; 0 lets onnxruntime choose."""
     intra_op_spinning: bool = False
     """Let idle onnxruntime threads busy-wait for work; only pays on cores nothing else uses."""
+    kokoro_precision: Literal["int8", "fp32", "fp16"] = "int8"
+    """Kokoro's graph: `int8` as published (fastest on CPU); `fp32` or `fp16` made from it once
+    into `cache_dir` (dequantized weights, float ops: CUDA has kernels for them, not for the
+    int8 ones; fp16 keeps the vocoder's signal generation in float32 and needs the `gpu`
+    extra's onnxconverter-common). The audio differs from int8's only as much as int8's
+    rounding made it."""
     cuda_options: dict[str, str] = {}
     """CUDAExecutionProvider options, e.g. `VOXMUX_CUDA_OPTIONS__DEVICE_ID=1`,
     `VOXMUX_CUDA_OPTIONS__GPU_MEM_LIMIT=2147483648` (names as onnxruntime documents them)."""

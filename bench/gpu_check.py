@@ -1,13 +1,31 @@
-"""In-process GPU check: every engine on the profile's providers, with RTF and VRAM.
+"""In-process GPU check: every engine on the profile's providers, with RTF and VRAM, and Kokoro at
+each graph precision under concurrent requests.
 
     python bench/gpu_check.py [--profile gpu] [--providers LIST] [--models kokoro,piper,espeak]
                               [--runs N] [--json] [--out DIR] [--allow-fallback]
+                              [--precisions int8,fp32,fp16|none] [--concurrency 1,4,8,16]
+                              [--rounds N]
 
 Per model: load seconds, the providers its sessions really run on, the first (cold) synthesis,
 the RTF of the best of a few warm ones, and VRAM through NVML (this process and the whole device,
-peak while it ran). Any fallback from CUDA to CPU is printed with its reason. Exit status: 0 all
-well, 1 an ONNX engine asked for CUDA but runs on CPU (0 with --allow-fallback), 2 a model failed.
-`bench/gpu_check.sh` wraps it with an install step and a time limit.
+peak while it ran). Any fallback from CUDA to CPU is printed with its reason. Then, when Kokoro is
+among the models, `bench/gpu_sweep.py` measures each precision: build and load seconds, first
+audio, RTF at each concurrency level, VRAM (`--precisions none` skips it).
+
+Output (`--json` prints it, `--out DIR` writes it as `DIR/gpu_check.json`, with the tables as
+`DIR/gpu_check.md`; commit them as `bench/results/gpu.json` and `gpu.md`):
+    {"environment": {python, onnxruntime, package, available_providers, requested_providers,
+                     profile, nvml},
+     "results": [{model, engine, providers, fallbacks, load_s, cold_s, warm_s, audio_s, rtf,
+                  vram_process_mib, vram_device_delta_mib, error}, ...],
+     "kokoro_precisions": [{precision, providers, fallbacks, build_s, load_s, first_audio_s,
+                            levels: [{concurrency, requests, wall_s, audio_s, rtf,
+                                      request_rtf_mean, request_rtf_max}, ...],
+                            vram_process_mib, vram_device_delta_mib, error}, ...],
+     "settings": {precisions, concurrency, rounds}}
+Exit status: 0 all well, 1 an ONNX engine asked for CUDA but runs on CPU (0 with
+--allow-fallback), 2 a model or a precision failed. `bench/gpu_check.sh` wraps it with an install
+step and a time limit.
 """
 
 from __future__ import annotations
@@ -22,7 +40,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere
@@ -35,7 +53,9 @@ from app.main import ENGINES, runtime_options  # noqa: E402
 from app.serving.catalogue import Catalogue  # noqa: E402
 from app.serving.memory import NVML  # noqa: E402
 from app.settings import Settings, load_settings  # noqa: E402
+from bench import gpu_sweep  # noqa: E402
 from engines.base import SynthesisRequest  # noqa: E402
+from engines.kokoro_float import PRECISIONS, Precision  # noqa: E402
 from engines.onnx import (  # noqa: E402
     CUDA,
     available_providers,
@@ -169,6 +189,28 @@ def check_model(entry: ModelEntry, settings: Settings, out: Path | None,
     return result
 
 
+def sweep(settings: Settings, precisions: list[Precision], levels: list[int], rounds: int
+          ) -> list[gpu_sweep.PrecisionResult]:
+    results = []
+    for precision in precisions:
+        try:
+            with VramSampler() as vram:
+                result = gpu_sweep.measure(settings, precision, levels, rounds)
+        except Exception as exc:  # one precision failing (fp16 without its converter) is a row
+            error = f"{type(exc).__name__}: {exc}"
+            results.append(gpu_sweep.PrecisionResult(precision, error=error))
+            continue
+        result.vram_process_mib = _mib(vram.peak_process)
+        if vram.base_device is not None and vram.peak_device is not None:
+            result.vram_device_delta_mib = _mib(vram.peak_device - vram.base_device)
+        results.append(result)
+    return results
+
+
+def _ints(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
 def environment(settings: Settings) -> dict[str, Any]:
     return {"python": platform.python_version(), "onnxruntime": runtime_version(),
             "package": runtime_package(), "available_providers": available_providers(),
@@ -217,7 +259,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=WARM_RUNS, help="warm syntheses per model")
     parser.add_argument("--allow-fallback", action="store_true",
                         help="exit 0 even when CUDA was requested but a model runs on CPU")
+    parser.add_argument("--precisions", default="int8,fp32,fp16",
+                        help="Kokoro graph precisions to sweep (comma list), or none")
+    parser.add_argument("--concurrency", type=_ints, default=[1, 4, 8, 16],
+                        help="concurrent requests per sweep level (comma list)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="requests each thread makes per sweep level")
     args = parser.parse_args(argv)
+    named = [] if args.precisions == "none" else args.precisions.split(",")
+    wrong = [p for p in named if p not in PRECISIONS]
+    if wrong:
+        parser.error(f"unknown precision(s) {', '.join(wrong)}; known: {', '.join(PRECISIONS)}")
+    precisions = [cast(Precision, p) for p in named]
 
     overrides: dict[str, Any] = {"preload": []}
     if args.providers:
@@ -234,13 +287,23 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(settings)
     logging.getLogger("engines").setLevel(logging.ERROR)  # fallbacks are printed below
     results = [check_model(catalogue.models[m], settings, args.out, args.runs) for m in wanted]
-    payload = {"environment": env, "results": [asdict(r) for r in results]}
-    print(json.dumps(payload, indent=2) if args.json else render(env, results))
+    kokoro = any(catalogue.models[m].engine == "kokoro" for m in wanted)
+    swept = sweep(settings, precisions, args.concurrency, args.rounds) if kokoro else []
+    payload = {"environment": env, "results": [asdict(r) for r in results],
+               "kokoro_precisions": [asdict(r) for r in swept],
+               "settings": {"precisions": precisions if kokoro else [],
+                            "concurrency": args.concurrency, "rounds": args.rounds}}
+    table = render(env, results) + ("\n\n" + gpu_sweep.render(swept) if swept else "")
+    print(json.dumps(payload, indent=2) if args.json else table)
     if args.out:
         (args.out / "gpu_check.json").write_text(json.dumps(payload, indent=2) + "\n")
-    if any(r.error for r in results):
+        (args.out / "gpu_check.md").write_text(
+            f"```\n{table}\n```\n" + ("\n" + gpu_sweep.markdown(swept) + "\n" if swept else ""))
+    if any(r.error for r in results) or any(r.error for r in swept):
         return 2
-    if any(r.fell_back for r in results) and not args.allow_fallback:
+    swept_on_cpu = any(CUDA not in r.providers and any(CUDA in n for n in r.fallbacks)
+                       for r in swept if r.providers)
+    if (any(r.fell_back for r in results) or swept_on_cpu) and not args.allow_fallback:
         return 1
     return 0
 

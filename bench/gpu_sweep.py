@@ -1,0 +1,165 @@
+"""Kokoro at each graph precision under concurrent requests: the part of `bench/gpu_check.py`
+that says whether the float graphs pay on a GPU.
+
+Per precision (int8, fp32, fp16; `VOXMUX_KOKORO_PRECISION`): seconds to build the graph (0 once
+cached) and to load it, the providers its session runs on, the time to the first chunk of
+`stream` (the first audio a client could get), and for each concurrency level N: N threads each
+synthesizing the same text `rounds` times on the one loaded engine, as N admitted requests share
+a model's session in the server. Reported per level: wall seconds, audio seconds, RTF (wall /
+audio: the whole batch's throughput) and the mean and worst single-request RTF. VRAM: peak of
+this process and growth of the whole device while the precision was measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+
+from app.main import runtime_options
+from app.settings import Settings
+from engines.base import SynthesisRequest
+from engines.kokoro import KokoroEngine, prepare_model
+from engines.kokoro_float import Precision
+
+TEXT = ("The morning train left the station exactly on time. Passengers read their papers in "
+        "comfortable silence while the fields went by.")
+VOICE = "jf_alpha"
+
+
+@dataclass
+class Level:
+    concurrency: int
+    requests: int
+    wall_s: float
+    audio_s: float
+    rtf: float
+    """wall / total audio: below 1/N means N streams keep up in real time."""
+    request_rtf_mean: float
+    request_rtf_max: float
+
+
+@dataclass
+class PrecisionResult:
+    precision: str
+    providers: list[str] = field(default_factory=list)
+    fallbacks: list[str] = field(default_factory=list)
+    build_s: float | None = None
+    load_s: float | None = None
+    first_audio_s: float | None = None
+    """Best of three: request in, first chunk of `stream` out, on an idle engine."""
+    levels: list[Level] = field(default_factory=list)
+    vram_process_mib: float | None = None
+    vram_device_delta_mib: float | None = None
+    error: str | None = None
+
+
+def _first_audio(engine: KokoroEngine, request: SynthesisRequest) -> float:
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        next(iter(engine.stream(request)))
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _level(engine: KokoroEngine, request: SynthesisRequest, concurrency: int, rounds: int
+           ) -> Level:
+    barrier = threading.Barrier(concurrency)
+    timings: list[tuple[float, float]] = []  # (seconds, audio seconds) per request
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            barrier.wait()
+            for _ in range(rounds):
+                start = time.perf_counter()
+                audio = engine.synthesize(request)
+                took = time.perf_counter() - start
+                with lock:
+                    timings.append((took, len(audio) / engine.sample_rate))
+        except BaseException as exc:  # reported by the caller, not lost in a thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    audio_s = sum(a for _, a in timings)
+    per_request = [t / a for t, a in timings]
+    return Level(concurrency, len(timings), round(wall, 3), round(audio_s, 3),
+                 round(wall / audio_s, 4), round(statistics.fmean(per_request), 4),
+                 round(max(per_request), 4))
+
+
+def measure(settings: Settings, precision: Precision, levels: list[int], rounds: int
+            ) -> PrecisionResult:
+    """One precision; raises what building or loading it raised."""
+    result = PrecisionResult(precision)
+    runtime = runtime_options(settings)
+    request = SynthesisRequest(text=TEXT, voice=VOICE)
+    start = time.perf_counter()
+    prepare_model(settings.cache_dir, precision)
+    result.build_s = round(time.perf_counter() - start, 3)
+    engine = KokoroEngine(settings.cache_dir, settings.models_dir / "kokoro", runtime, precision)
+    start = time.perf_counter()
+    engine.load()
+    result.load_s = round(time.perf_counter() - start, 3)
+    try:
+        engine.synthesize(request)  # the first run plans kernels (cuDNN searches its algorithms)
+        result.first_audio_s = round(_first_audio(engine, request), 4)
+        result.levels = [_level(engine, request, n, rounds) for n in levels]
+    finally:
+        engine.unload()
+    result.providers = list(runtime.in_use)
+    result.fallbacks = list(runtime.fallbacks)
+    return result
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def render(results: list[PrecisionResult]) -> str:
+    levels = sorted({level.concurrency for r in results for level in r.levels})
+    head = (f"{'kokoro':<7} {'providers':<22} {'build s':>8} {'load s':>7} {'first s':>8} "
+            + " ".join(f"{f'RTF@{n}':>8}" for n in levels)
+            + f" {'VRAM pid MiB':>13} {'VRAM dev MiB':>13}")
+    lines = [head]
+    for r in results:
+        by_level = {level.concurrency: level.rtf for level in r.levels}
+        providers = ",".join(p.removesuffix("ExecutionProvider") for p in r.providers) or "-"
+        lines.append(
+            f"{r.precision:<7} {providers:<22} {_cell(r.build_s):>8} {_cell(r.load_s):>7} "
+            f"{_cell(r.first_audio_s):>8} "
+            + " ".join(f"{_cell(by_level.get(n)):>8}" for n in levels)
+            + f" {_cell(r.vram_process_mib):>13} {_cell(r.vram_device_delta_mib):>13}")
+    lines.append("RTF@N: wall seconds / audio seconds of N concurrent requests (1/N keeps up).")
+    for r in results:
+        lines += [f"FALLBACK kokoro {r.precision}: {note}" for note in r.fallbacks]
+        if r.error:
+            lines.append(f"ERROR kokoro {r.precision}: {r.error}")
+    return "\n".join(lines)
+
+
+def markdown(results: list[PrecisionResult]) -> str:
+    """The same numbers as a Markdown table (for the committed results)."""
+    levels = sorted({level.concurrency for r in results for level in r.levels})
+    lines = ["| precision | providers | build s | load s | first audio s | "
+             + " | ".join(f"RTF @{n}" for n in levels) + " | VRAM pid MiB | VRAM device MiB |",
+             "|---" * (6 + len(levels)) + "|---|"]
+    for r in results:
+        by_level = {level.concurrency: level.rtf for level in r.levels}
+        lines.append(
+            f"| {r.precision} | {', '.join(r.providers) or '-'} | {_cell(r.build_s)} | "
+            f"{_cell(r.load_s)} | {_cell(r.first_audio_s)} | "
+            + " | ".join(_cell(by_level.get(n)) for n in levels)
+            + f" | {_cell(r.vram_process_mib)} | {_cell(r.vram_device_delta_mib)} |")
+    return "\n".join(lines)
