@@ -1,7 +1,8 @@
 """Carry VoxMux's GPU check to an air-gapped GPU machine: slim, pack, unpack, install wheels.
 
-    python bench/gpu_bundle.py slim-wheel WHEEL OUT_DIR [--arch 90] [--drop GLOB ...]
-    python bench/gpu_bundle.py pack WHEEL_DIR|FILE OUT_DIR [--chunk-mib 58] [--prefix c]
+    python bench/gpu_bundle.py slim-wheel WHEEL OUT_DIR [--arch 90] [--drop GLOB] [--patches DIR]
+    python bench/gpu_bundle.py restore LIBRARY PATCHES  # undo slim-wheel on an installed library
+    python bench/gpu_bundle.py pack DIR|FILE OUT_DIR [--chunk-mib 58] [--prefix c]
     python bench/gpu_bundle.py status STAGE           # which parts of a pack have arrived
     python bench/gpu_bundle.py unpack STAGE WHEELHOUSE
     python bench/gpu_bundle.py install WHEELHOUSE TARGET   # without pip: unzip each wheel
@@ -252,6 +253,54 @@ def verify(original: bytes, slimmed: bytes, keep: set[int]) -> SlimReport:
     return report
 
 
+def dropped(data: bytes, keep: set[int]) -> tuple[dict[str, Any], bytes]:
+    """What `slim(data, keep)` leaves out, for `restore`: an index (the library's sha256 and
+    size, and per slimmed fat binary its offset, size and which entries it kept, in order) and the
+    dropped entries' bytes, one after the other."""
+    section = elf_sections(data)[FATBIN_SECTION]
+    index: dict[str, Any] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
+                             "fatbins": []}
+    chunks = []
+    for fb in fatbins(data, section):
+        kept = [e.arch in keep for e in fb.entries]
+        if any(kept) and not all(kept):
+            index["fatbins"].append({"offset": fb.offset, "size": fb.end - fb.offset,
+                                     "kept": kept})
+            chunks += [data[e.offset:e.end] for e in fb.entries if e.arch not in keep]
+    return index, b"".join(chunks)
+
+
+def restore(slimmed: bytes, index: dict[str, Any], dropped_bytes: bytes) -> bytes:
+    """The library `slim` started from: each slimmed fat binary's entries put back in their
+    order, checked against the original's sha256."""
+    if len(slimmed) != index["size"]:
+        raise BundleError("this is not the slimmed library the patch was made for (size)")
+    out = bytearray(slimmed)
+    spare = io.BytesIO(dropped_bytes)
+    for fb in index["fatbins"]:
+        start = fb["offset"]
+        _, _, header_size, size = struct.unpack_from("<IHHQ", slimmed, start)
+        kept = iter(read_entries(slimmed, start + header_size, start + header_size + size))
+        body = bytearray()
+        for was_kept in fb["kept"]:
+            if was_kept:
+                e = next(kept)
+                body += slimmed[e.offset:e.end]
+            else:
+                head = spare.read(16)
+                _, _, entry_header, payload = struct.unpack("<HHIQ", head)
+                body += head + spare.read(entry_header - 16 + payload)
+        header = bytearray(slimmed[start:start + header_size])
+        struct.pack_into("<Q", header, 8, len(body))
+        if header_size + len(body) != fb["size"]:
+            raise BundleError(f"fat binary at {start:#x} does not come back to its size")
+        out[start:start + fb["size"]] = bytes(header) + body
+    data = bytes(out)
+    if hashlib.sha256(data).hexdigest() != index["sha256"]:
+        raise BundleError("the restored library differs from the original (sha256)")
+    return data
+
+
 # Wheels --------------------------------------------------------------------------------------
 
 def record_hash(data: bytes) -> str:
@@ -260,10 +309,13 @@ def record_hash(data: bytes) -> str:
 
 
 def rewrite_wheel(source: Path, target: Path, *, keep: set[int] | None = None,
-                  drop: tuple[str, ...] = (), stored: bool = False) -> list[str]:
+                  drop: tuple[str, ...] = (), stored: bool = False,
+                  patches: Path | None = None) -> list[str]:
     """Copy a wheel, slimming the fat binaries of its shared libraries to `keep` (None: no
     slimming), leaving out members matching a `drop` glob and updating RECORD to match; `stored`
-    writes the members uncompressed (for xz to compress better). Returns what it did."""
+    writes the members uncompressed (for xz to compress better). `patches` gets, per slimmed
+    library, what `restore` needs to undo it (NAME.restore.json and NAME.dropped). Returns what
+    it did."""
     notes: list[str] = []
     changed: dict[str, bytes | None] = {}
     with zipfile.ZipFile(source) as zin:
@@ -279,6 +331,12 @@ def rewrite_wheel(source: Path, target: Path, *, keep: set[int] | None = None,
                     slimmed, report = slim(data, keep)
                     changed[info.filename] = slimmed
                     notes.append(f"slimmed {info.filename}: {report.text()}")
+                    if patches is not None:
+                        index, spare = dropped(data, keep)
+                        base = patches / Path(info.filename).name
+                        patches.mkdir(parents=True, exist_ok=True)
+                        (base.parent / (base.name + ".restore.json")).write_text(json.dumps(index))
+                        (base.parent / (base.name + ".dropped")).write_bytes(spare)
         record = zin.read(record_name).decode()
         lines = []
         for line in record.splitlines():
@@ -489,8 +547,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arch", type=int, action="append", help="architecture to keep (90 = sm_90 "
                    "and sm_90a); repeat for more; default 90")
     p.add_argument("--drop", action="append", default=[], help="glob of members to leave out")
+    p.add_argument("--patches", type=Path, help="folder for what `restore` needs to undo it")
+    p = sub.add_parser("restore", help="put a slimmed library back as it was")
+    p.add_argument("library", type=Path, help="the slimmed library, rewritten in place")
+    p.add_argument("patches", type=Path, help="the folder with its .restore.json and .dropped")
     p = sub.add_parser("pack", help="wheels -> parts in OUT/c1, c2, ...")
-    p.add_argument("source", type=Path, help="a folder of wheels, or one file")
+    p.add_argument("source", type=Path, help="a folder (every file in it), or one file")
     p.add_argument("out_dir", type=Path)
     p.add_argument("--chunk-mib", type=float, default=58)
     p.add_argument("--prefix", default="c", help="of the part folders (default c: c1, c2, ...)")
@@ -510,15 +572,25 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "slim-wheel":
             out = args.out_dir / args.wheel.name
             for note in rewrite_wheel(args.wheel, out, keep=set(args.arch or [90]),
-                                      drop=tuple(args.drop)):
+                                      drop=tuple(args.drop), patches=args.patches):
                 print(note)
             print(f"{out}: {out.stat().st_size / 2**20:.1f} MiB "
                   f"(was {args.wheel.stat().st_size / 2**20:.1f} MiB)")
         elif args.command == "pack":
-            files = sorted(args.source.glob("*.whl")) if args.source.is_dir() else [args.source]
+            files = (sorted(p for p in args.source.iterdir() if p.is_file())
+                     if args.source.is_dir() else [args.source])
             parts = pack(files, args.out_dir, args.chunk_mib,
                          args.scratch or args.out_dir / ".scratch", args.prefix)
             print(f"{len(files)} files in {len(parts)} parts: {_sizes(parts)}")
+        elif args.command == "restore":
+            base = args.patches / args.library.name
+            index = json.loads((base.parent / (base.name + ".restore.json")).read_text())
+            spare = (base.parent / (base.name + ".dropped")).read_bytes()
+            data = restore(args.library.read_bytes(), index, spare)
+            partial = args.library.with_name(args.library.name + ".restoring")
+            partial.write_bytes(data)
+            partial.replace(args.library)
+            print(f"{args.library}: restored, sha256 {index['sha256'][:16]}... as the original")
         elif args.command == "status":
             good, bad = part_status(args.stage)
             print(f"parts present: {', '.join(good) or 'none'}; "

@@ -14,12 +14,14 @@ import pytest
 from bench.gpu_bundle import (
     FATBIN_MAGIC,
     BundleError,
+    dropped,
     elf_sections,
     fatbins,
     install,
     pack,
     part_status,
     record_hash,
+    restore,
     rewrite_wheel,
     slim,
     unpack,
@@ -93,6 +95,16 @@ def test_slim_keeps_each_fatbin_in_place_with_only_the_kept_entries() -> None:
     assert slimmed[:section.offset] == data[:section.offset]
 
 
+def test_restore_puts_the_dropped_entries_back_byte_for_byte() -> None:
+    data, _ = library()
+    slimmed, _ = slim(data, {90})
+    index, spare = dropped(data, {90})
+    assert len(index["fatbins"]) == 1 and len(spare) == 2 * 64 + 100 + 60
+    assert restore(slimmed, index, spare) == data
+    with pytest.raises(BundleError, match="sha256"):
+        restore(slimmed, index, spare[:-1] + b"\0")
+
+
 def test_slim_refuses_a_library_that_points_inside_a_fatbin() -> None:
     data, _ = library()
     section = elf_sections(data)[".nv_fatbin"]
@@ -125,8 +137,11 @@ def test_a_rewritten_wheel_has_a_record_true_to_its_members(tmp_path: Path) -> N
                         {"demo/libcuda_kernels.so": data, "demo/libunused.so.1": b"x" * 99,
                          "demo/__init__.py": b"VALUE = 1\n"})
     target = tmp_path / "out" / source.name
-    notes = rewrite_wheel(source, target, keep={90}, drop=("demo/libunused.so.*",))
+    notes = rewrite_wheel(source, target, keep={90}, drop=("demo/libunused.so.*",),
+                          patches=tmp_path / "patches")
     assert any(n.startswith("slimmed demo/libcuda_kernels.so") for n in notes)
+    assert sorted(p.name for p in (tmp_path / "patches").iterdir()) == [
+        "libcuda_kernels.so.dropped", "libcuda_kernels.so.restore.json"]
     with zipfile.ZipFile(target) as z:
         names = z.namelist()
         assert "demo/libunused.so.1" not in names
