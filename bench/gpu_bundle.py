@@ -598,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if not bad else 3
         elif args.command == "unpack":
             names = unpack(args.stage, args.wheelhouse)
-            print(f"{len(names)} wheels in {args.wheelhouse}")
+            print(f"{len(names)} files in {args.wheelhouse}")
         elif args.command == "install":
             names = install(args.wheelhouse, args.target)
             print(f"{len(names)} wheels unzipped into {args.target}")
