@@ -4,7 +4,7 @@ each graph precision under concurrent requests.
     python bench/gpu_check.py [--profile gpu] [--providers LIST] [--models kokoro,piper,espeak]
                               [--runs N] [--json] [--out DIR] [--allow-fallback]
                               [--precisions int8,fp32,fp16|none] [--concurrency 1,4,8,16]
-                              [--rounds N]
+                              [--rounds N] [--text-lang auto|ja|en]
 
 Per model: load seconds, the providers its sessions really run on, the first (cold) synthesis,
 the RTF of the best of a few warm ones, and VRAM through NVML (this process and the whole device,
@@ -26,11 +26,17 @@ Output (`--json` prints it, `--out DIR` writes it as `DIR/gpu_check.json`, with 
 Exit status: 0 all well, 1 an ONNX engine asked for CUDA but runs on CPU (0 with
 --allow-fallback), 2 a model or a precision failed. `bench/gpu_check.sh` wraps it with an install
 step and a time limit.
+
+Kokoro reads Japanese, unless --text-lang en or (auto, the default) its Japanese and Chinese
+readers are not installed (an offline GPU machine, see gpu_check.sh's WHEELHOUSE): then it reads
+English through eSpeak NG, and the readers its load would start are replaced by stand-ins. The
+precision sweep always reads English.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
@@ -54,7 +60,7 @@ from app.serving.catalogue import Catalogue  # noqa: E402
 from app.serving.memory import NVML  # noqa: E402
 from app.settings import Settings, load_settings  # noqa: E402
 from bench import gpu_sweep  # noqa: E402
-from engines.base import SynthesisRequest  # noqa: E402
+from engines.base import SynthesisFailed, SynthesisRequest  # noqa: E402
 from engines.kokoro_float import PRECISIONS, Precision  # noqa: E402
 from engines.onnx import (  # noqa: E402
     CUDA,
@@ -69,8 +75,31 @@ TEXTS = {
     "default": "The morning train left the station exactly on time. Passengers read their papers "
                "in comfortable silence while the fields went by.",
 }
+CJK_READERS = ("pyopenjtalk", "jieba")
+"""What Kokoro's load needs beyond the ONNX weights: the Japanese reader (pyopenjtalk-plus, in
+its helper process) and jieba's dictionary; about 180 MB installed, none of it on the GPU."""
 WARM_RUNS = 3
 SAMPLE_EVERY = 0.02
+
+
+def missing_readers() -> list[str]:
+    return [name for name in CJK_READERS if importlib.util.find_spec(name) is None]
+
+
+def stand_in_readers() -> None:
+    """Let Kokoro load without pyopenjtalk-plus and jieba, for English text only: its load starts
+    the Japanese reader and warms jieba, which the text then never reaches. The stand-in reader
+    refuses every call; the stand-in word cut keeps a run of Han characters whole."""
+    from engines.frontend import ja, zh
+
+    def refuse(op: str, text: str) -> Any:
+        raise SynthesisFailed(f"the Japanese reader is not installed ({op} of {text[:20]!r})")
+
+    ja.READER.hold = lambda *, start: None
+    ja.READER.release = lambda: None
+    ja.READER.call = refuse
+    zh.words = lambda text: [text]
+    zh.release = lambda: None
 
 
 @dataclass
@@ -151,10 +180,10 @@ def _mib(value: int | None) -> float | None:
 
 
 def check_model(entry: ModelEntry, settings: Settings, out: Path | None,
-                runs: int = WARM_RUNS) -> Result:
+                runs: int = WARM_RUNS, texts: dict[str, str] = TEXTS) -> Result:
     result = Result(model=entry.id, engine=entry.engine)
     runtime = runtime_options(settings)
-    text = TEXTS.get(entry.engine, TEXTS["default"])
+    text = texts.get(entry.engine, texts["default"])
     request = SynthesisRequest(text=text, voice=entry.default_voice)
     try:
         engine = ENGINES[entry.engine](settings, runtime)
@@ -212,8 +241,12 @@ def _ints(text: str) -> list[int]:
 
 
 def environment(settings: Settings) -> dict[str, Any]:
+    import onnxruntime
+
     return {"python": platform.python_version(), "onnxruntime": runtime_version(),
             "package": runtime_package(), "available_providers": available_providers(),
+            "onnxruntime_dir": str(Path(onnxruntime.__file__).parent),
+            "ld_library_path": os.environ.get("LD_LIBRARY_PATH", ""),
             "requested_providers": list(settings.providers), "profile": settings.profile,
             "nvml": nvml_report()}
 
@@ -227,7 +260,7 @@ def render(env: dict[str, Any], results: list[Result]) -> str:
     gpus = ", ".join(f"{d['name']} ({d['memory_total_mib']} MiB)" for d in nvml["devices"])
     lines = [
         f"profile {env['profile']}, Python {env['python']}, {env['package']} "
-        f"{env['onnxruntime']}",
+        f"{env['onnxruntime']} ({env['onnxruntime_dir']}), Kokoro reads {env['kokoro_text']}",
         f"available providers: {', '.join(env['available_providers'])}",
         f"requested providers: {', '.join(env['requested_providers'])}",
         f"NVML: driver {nvml['driver']}, CUDA {nvml['cuda']}, {gpus}" if nvml["available"]
@@ -271,6 +304,17 @@ def main(argv: list[str] | None = None) -> int:
     if wrong:
         parser.error(f"unknown precision(s) {', '.join(wrong)}; known: {', '.join(PRECISIONS)}")
     precisions = [cast(Precision, p) for p in named]
+    parser.add_argument("--text-lang", choices=("auto", "ja", "en"), default="auto",
+                        help="Kokoro's text: Japanese, or English through eSpeak NG; auto: "
+                             "Japanese when pyopenjtalk-plus and jieba are installed")
+    args = parser.parse_args(argv)
+    missing = missing_readers()
+    if args.text_lang == "ja" and missing:
+        parser.error(f"--text-lang ja needs {', '.join(missing)} (not installed)")
+    english = args.text_lang == "en" or (args.text_lang == "auto" and bool(missing))
+    texts = TEXTS | {"kokoro": TEXTS["default"]} if english else TEXTS
+    if english and missing:
+        stand_in_readers()
 
     overrides: dict[str, Any] = {"preload": []}
     if args.providers:
@@ -285,8 +329,12 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
 
     env = environment(settings)
+    env["kokoro_text"] = "en" if english else "ja"
+    env["cjk_readers"] = f"stand-ins ({', '.join(missing)} missing)" if english and missing \
+        else "installed"
     logging.getLogger("engines").setLevel(logging.ERROR)  # fallbacks are printed below
-    results = [check_model(catalogue.models[m], settings, args.out, args.runs) for m in wanted]
+    results = [check_model(catalogue.models[m], settings, args.out, args.runs, texts)
+               for m in wanted]
     kokoro = any(catalogue.models[m].engine == "kokoro" for m in wanted)
     swept = sweep(settings, precisions, args.concurrency, args.rounds) if kokoro else []
     payload = {"environment": env, "results": [asdict(r) for r in results],

