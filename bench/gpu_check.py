@@ -298,16 +298,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="concurrent requests per sweep level (comma list)")
     parser.add_argument("--rounds", type=int, default=2,
                         help="requests each thread makes per sweep level")
+    parser.add_argument("--text-lang", choices=("auto", "ja", "en"), default="auto",
+                        help="Kokoro's text: Japanese, or English through eSpeak NG; auto: "
+                             "Japanese when pyopenjtalk-plus and jieba are installed")
     args = parser.parse_args(argv)
     named = [] if args.precisions == "none" else args.precisions.split(",")
     wrong = [p for p in named if p not in PRECISIONS]
     if wrong:
         parser.error(f"unknown precision(s) {', '.join(wrong)}; known: {', '.join(PRECISIONS)}")
     precisions = [cast(Precision, p) for p in named]
-    parser.add_argument("--text-lang", choices=("auto", "ja", "en"), default="auto",
-                        help="Kokoro's text: Japanese, or English through eSpeak NG; auto: "
-                             "Japanese when pyopenjtalk-plus and jieba are installed")
-    args = parser.parse_args(argv)
     missing = missing_readers()
     if args.text_lang == "ja" and missing:
         parser.error(f"--text-lang ja needs {', '.join(missing)} (not installed)")
