@@ -77,10 +77,9 @@ class PiperModel:
 
     path: Path
     config: dict[str, Any]
-    signature: tuple[int, ...] = ()
-    """Sizes and mtimes of the two files: a replaced file is a changed voice."""
     content: str = ""
-    """A digest of both files' content: what the audio cache keys this model's voices by."""
+    """A digest of both files' content: a replaced file is a changed voice (however its size and
+    times came out), the timed copy is rebuilt, and the audio cache keys its voices by it."""
     session: Any = None
     takes_speaker: bool = False
     """Whether the ONNX graph has a `sid` input (multi-speaker models only)."""
@@ -95,7 +94,7 @@ class PiperModel:
         self.untimed_reason = "this server keeps no timed graphs (no cache dir)"
         if cache_dir is not None:
             # The package dir may be read-only: the edited graph lives in the cache dir.
-            stamp = "-".join(str(n) for n in self.signature)
+            stamp = self.content
             name = hashlib.sha256(str(self.path.resolve()).encode()).hexdigest()[:12]
             timed = cache_dir / "piper" / f"{self.stem}-{name}.timed.onnx"
             try:
@@ -153,10 +152,7 @@ def _read_model(path: Path) -> PiperModel:
     for key in ("audio", "phoneme_id_map", "espeak"):
         if key not in config:
             raise ValueError(f"{config_path.name} lacks '{key}'")
-    files = (path.stat(), config_path.stat())
-    content = digest(file_digest(path), file_digest(config_path))
-    return PiperModel(path, config, tuple(n for f in files for n in (f.st_size, f.st_mtime_ns)),
-                      content)
+    return PiperModel(path, config, digest(file_digest(path), file_digest(config_path)))
 
 
 def scan_voice_dir(folder: Path | None) -> tuple[dict[str, PiperModel], dict[str, str]]:
@@ -230,7 +226,7 @@ class PiperEngine:
                 if stem == self._embedded.stem:
                     continue
                 old = self._models.get(stem)
-                if old is not None and old.signature == model.signature:
+                if old is not None and old.content == model.content:
                     model = old  # same files: keep its session, and its load error if any
                     if stem in self.voice_errors:
                         errors[stem] = self.voice_errors[stem]

@@ -29,15 +29,17 @@ def digest(*parts: bytes | str) -> str:
 
 
 def file_digest(path: Path) -> str:
-    """The digest of a file's content, read once per (path, size, mtime, inode): a file replaced
-    or rewritten in place is read again. Blocking (large files): call it where voices are scanned,
-    not on the event loop."""
+    """The digest of a file's content, read once per (path, inode, size, mtime, ctime): a file
+    replaced or rewritten in place is read again, even one given back its old size and mtime
+    (`cp -p`, `rsync -a`): its ctime, which no user can set, moved. Blocking (large files): call
+    it where voices are scanned, not on the event loop."""
     stat = path.stat()
-    return _file_digest(str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    return _file_digest(str(path.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns,
+                        stat.st_ctime_ns)
 
 
 @functools.lru_cache(maxsize=512)
-def _file_digest(path: str, size: int, mtime_ns: int, inode: int) -> str:
+def _file_digest(path: str, inode: int, size: int, mtime_ns: int, ctime_ns: int) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(1 << 20):

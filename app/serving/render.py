@@ -197,7 +197,8 @@ class _LocalSession:
         work = self._work
         held = AsyncExitStack()
         try:
-            held.enter_context(self._lane.place(work.ticket, work.client))
+            await held.enter_async_context(
+                self._lane.place(work.ticket, work.client, self._timeout))
             ready = self._registry[work.model_id].status is ModelStatus.READY
             work.progress("queued" if ready else "loading")
             self._engine = await held.enter_async_context(self._registry.lease(work.model_id))

@@ -1,17 +1,19 @@
 """A model's lane: how requests reach its engine, shared out fairly between clients.
 
-A request holds one of the model's *places* only while it has engine work to do: a text-in
-session waiting for its next sentence, or a job waiting for a slow reader, holds none. A new
-request is refused at once with `Overloaded` (429, with a `Retry-After` from how long recent
-requests took) when `concurrency + queue_size` requests hold places, or when its client already
-holds `client_places` of them; a request already under way is never refused (it takes its place
-again whenever it has work). Each engine call then asks for one of the `concurrency` *turns*.
-A finished turn goes to the waiting client that was served longest ago (a client never served
-first), to its oldest waiter: one client's many requests cannot delay another client's first
-audio by more than the calls already running, and nobody overtakes within a client. A turn's
-engine call runs on the lane's own threads (one per turn) and holds the turn until the call has
-really returned, even when the request was cancelled or timed out meanwhile: the cancel token
-stops the engine at its next step, and only then is the turn handed on.
+A request holds one of the model's *places* only while it has engine work to do: a text-in session
+waiting for its next sentence, or a job waiting for a slow reader, holds none. A new request is
+refused at once with `Overloaded` (429, with a `Retry-After` from how long recent requests took)
+when `concurrency + queue_size` requests hold places, or when its client already holds
+`client_places` of them. A request already under way is never refused: when it comes back with work
+to a full lane, or over its client's share, it waits for a place, holding nothing, in arrival order
+(its request timeout bounds the wait), so the bounds hold however many idle sessions a client opened
+before it spoke. Each engine call then asks for one of the `concurrency` *turns*. A finished turn
+goes to the waiting client that was served longest ago (a client never served first), to its oldest
+waiter: one client's many requests cannot delay another client's first audio by more than the calls
+already running, and nobody overtakes within a client. A turn's engine call runs on the lane's own
+threads (one per turn) and holds the turn until the call has really returned, even when the request
+was cancelled or timed out meanwhile: the cancel token stops the engine at its next step, and only
+then is the turn handed on.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ import asyncio
 import math
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -40,6 +42,13 @@ class _Waiter:
     client: str
     future: asyncio.Future[None]
     granted: bool = False
+
+
+@dataclass(eq=False)
+class _PlaceWaiter:
+    ticket: str
+    client: str
+    future: asyncio.Future[None]
 
 
 @dataclass(eq=False)
@@ -121,6 +130,8 @@ class Lane:
         self._round = _Round()
         self._places: dict[str, _Place] = {}
         """Ticket -> its place, in the order they were taken."""
+        self._place_waiters: deque[_PlaceWaiter] = deque()
+        """Requests under way waiting for a place; none of them has room (see `_hand_on`)."""
         self._mean_seconds = 1.0
         self._count_lock = threading.Lock()
         self._in_flight = 0
@@ -156,7 +167,7 @@ class Lane:
                 "retry later",
                 retry_after=self.retry_after(),
             )
-        own = sum(p.client == client for p in self._places.values())
+        own = self._held_by(client)
         if own >= self.client_places:
             raise Overloaded(
                 f"This client already has {own} requests in progress on the '{self.model_id}' "
@@ -164,10 +175,23 @@ class Lane:
                 retry_after=self.retry_after(),
             )
 
-    @contextmanager
-    def place(self, ticket: str, client: str) -> Iterator[None]:
-        """Hold a place while a request has engine work; never refused (see `admit`)."""
-        self._places[ticket] = _Place(client)
+    def _held_by(self, client: str) -> int:
+        return sum(p.client == client for p in self._places.values())
+
+    def _room_for(self, client: str) -> bool:
+        return (len(self._places) < self.concurrency + self.queue_size
+                and self._held_by(client) < self.client_places)
+
+    @asynccontextmanager
+    async def place(self, ticket: str, client: str, timeout: float | None = None
+                    ) -> AsyncIterator[None]:
+        """Hold a place while a request has engine work. A new request takes it at once (its
+        `admit` just passed); one under way waits for room, at most `timeout` s."""
+        if self._room_for(client):
+            self._places[ticket] = _Place(client)
+        else:
+            await self._wait_for_place(_PlaceWaiter(
+                ticket, client, asyncio.get_running_loop().create_future()), timeout)
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
@@ -175,6 +199,36 @@ class Lane:
         finally:
             self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * (loop.time() - started)
             del self._places[ticket]
+            self._hand_on()
+
+    async def _wait_for_place(self, waiter: _PlaceWaiter, timeout: float | None) -> None:
+        self._place_waiters.append(waiter)
+        try:
+            async with asyncio.timeout(timeout):
+                await waiter.future
+        except BaseException as exc:
+            if waiter.ticket in self._places:  # the place came as we gave up: pass it on
+                del self._places[waiter.ticket]
+                self._hand_on()
+            elif waiter in self._place_waiters:
+                self._place_waiters.remove(waiter)
+            if isinstance(exc, TimeoutError):
+                raise RequestTimeout(
+                    f"The request waited {timeout:g} s for a place on the '{self.model_id}' "
+                    "model"
+                ) from None
+            raise
+
+    def _hand_on(self) -> None:
+        """Give freed places to the waiters that now have room, oldest first: afterwards no
+        waiter has room, so a request that finds room may take it."""
+        for waiter in list(self._place_waiters):
+            if waiter.future.done():
+                self._place_waiters.remove(waiter)
+            elif self._room_for(waiter.client):
+                self._place_waiters.remove(waiter)
+                self._places[waiter.ticket] = _Place(waiter.client)
+                waiter.future.set_result(None)
 
     # -- turns -------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,26 @@ def test_a_piper_voice_file_changed_on_disk_is_another_fingerprint(tmp_path: Pat
     engine.rescan()
     assert engine.fingerprint(VOICE) != mine
     assert engine.fingerprint(engine.default_voice) == embedded
+
+
+def test_a_voice_file_rewritten_to_its_old_size_and_mtime_is_another_fingerprint(
+        tmp_path: Path) -> None:
+    """`cp -p`, `rsync -a` and image builds keep sizes and mtimes: a voice is known by what its
+    files hold. Rewritten in place (same inode), then given back its old mtime."""
+    folder = tmp_path / "piper"
+    user_piper_voice(folder)
+    engine = PiperEngine(folder, RuntimeOptions(), None)
+    before = engine.fingerprint(VOICE)
+    config = folder / f"{VOICE}.onnx.json"
+    stat = config.stat()
+    text = config.read_text()
+    edited = text.replace('"noise_scale": 0.667', '"noise_scale": 0.555')
+    assert edited != text and len(edited) == len(text)
+    config.write_text(edited)
+    os.utime(config, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert (config.stat().st_size, config.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+    engine.rescan()
+    assert engine.fingerprint(VOICE) != before
 
 
 def test_a_kokoro_voice_file_replaced_is_another_fingerprint(tmp_path: Path) -> None:

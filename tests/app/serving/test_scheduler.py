@@ -25,7 +25,7 @@ from tests.conftest import LiveServer, decode, start_server, test_settings
 async def admitted(lane: Lane, ticket: str, client: str = "") -> AsyncIterator[None]:
     """What a render session does: admission (or a 429), then a place while it renders."""
     lane.admit(client)
-    with lane.place(ticket, client):
+    async with lane.place(ticket, client):
         yield
 
 
@@ -109,6 +109,36 @@ async def test_one_client_cannot_take_every_place() -> None:
             with pytest.raises(Overloaded, match="at capacity"):
                 lane.admit("c")
     assert lane.state() == LaneState(0, 0, 0)
+    lane.close()
+
+
+async def test_a_request_under_way_waits_for_a_place_beyond_its_share() -> None:
+    """Sessions admitted while they held nothing (idle text sockets) cannot take more than their
+    client's share once they all speak: the ones over it wait, holding nothing, and get a place
+    in turn; another client still finds room."""
+    lane = Lane("m", concurrency=1, queue_size=5, client_places=2)
+    for _ in range(4):
+        lane.admit("a")  # four sessions opened, none holding anything yet
+    release = asyncio.Event()
+    order: list[str] = []
+
+    async def speak(ticket: str) -> None:
+        async with lane.place(ticket, "a", timeout=5):
+            order.append(ticket)
+            await release.wait()
+
+    tasks = [asyncio.create_task(speak(f"a{n}")) for n in range(4)]
+    await asyncio.sleep(0.01)
+    assert order == ["a0", "a1"] and lane.state().queued == 2  # a2, a3 wait for a place
+    lane.admit("b")  # the other client's share is whole
+    async with lane.place("b0", "b"):
+        pass
+    with pytest.raises(RequestTimeout, match=r"waited 0\.05 s for a place"):
+        async with lane.place("a9", "a", timeout=0.05):
+            pass
+    release.set()
+    await asyncio.gather(*tasks)
+    assert order == ["a0", "a1", "a2", "a3"] and lane.state() == LaneState(0, 0, 0)
     lane.close()
 
 
