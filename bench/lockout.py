@@ -6,7 +6,9 @@ bench/results/lockout.json and lockout.md). One `voxmux serve` with the cpu prof
 24 kHz pcm, streamed, and reads its first audio chunk; each phase repeats that and reports the
 median. Phases: nothing else open; 40 text sockets (`/ws/v1/tts/text`) that sent their options
 and no text, from four other clients (127.0.0.2-5, 10 each: a client's share is 16); the same 40
-plus 10 sockets that sent a long text and never read (127.0.0.6). Before VoxMux admitted per
+plus 10 sockets that sent a long text and never read (127.0.0.6), measured at once, while their
+jobs render up to `VOXMUX_STREAM_BUFFER_SECONDS` of audio each (real engine work, taking turns
+with the measured client), and again once they wait holding nothing. Before VoxMux admitted per
 engine call, 17 idle text sockets answered every other request 429.
 """
 
@@ -60,6 +62,18 @@ def open_socket(url: str, path: str, source: str, first: dict[str, Any]) -> sock
     return sock
 
 
+def settled(client: httpx.Client, limit: float = 120) -> float:
+    """Wait until no request holds a place on any model (the unread sockets' buffers are full);
+    the seconds it took."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < limit:
+        stats = client.get("/stats").json()
+        if stats["active"] == 0 and stats["queued"] == 0:
+            break
+        time.sleep(0.2)
+    return time.perf_counter() - started
+
+
 @contextmanager
 def hostile(url: str, idle: bool, unread: bool) -> Iterator[None]:
     socks = []
@@ -86,11 +100,10 @@ def first_audio(client: httpx.Client, text: str) -> tuple[float, int]:
         if response.status_code != 200:
             response.read()
             return time.perf_counter() - started, response.status_code
-        for chunk in response.iter_bytes():
-            if chunk:
-                break
+        chunks = response.iter_bytes()
+        next(chunk for chunk in chunks if chunk)
         seconds = time.perf_counter() - started
-        for _ in response.iter_bytes():
+        for _ in chunks:  # the rest of the answer, read as a player would
             pass
     return seconds, 200
 
@@ -102,9 +115,13 @@ def measure(quick: bool) -> dict[str, Any]:
     env = {"VOXMUX_PRELOAD": "piper", "VOXMUX_CACHE_MAX_ITEMS": "0"}
     with voxmux_server(env) as url, httpx.Client(base_url=url, timeout=120) as client:
         first_audio(client, "Warm up.")
-        for name, idle, unread in (("none", False, False), ("40 idle text sockets", True, False),
-                                   ("40 idle + 10 unread sockets", True, True)):
+        for name, idle, unread, settle in (
+                ("none", False, False, False), ("40 idle text sockets", True, False, False),
+                ("40 idle + 10 unread sockets, while those fill their buffers", True, True, False),
+                ("40 idle + 10 unread sockets, their buffers full", True, True, True)):
             with timed_phase(name, phases), hostile(url, idle, unread):
+                if settle:
+                    phases[name + " (settle s)"] = round(settled(client), 1)
                 runs = [first_audio(client, f"Sentence {i} of the measured client is here.")
                         for i in range(repeats)]
             seconds = [s for s, status in runs if status == 200]
