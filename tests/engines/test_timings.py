@@ -62,10 +62,11 @@ def test_piper_timed_graph_speaks_the_same_samples_and_sums_to_the_audio(tmp_pat
              "scales": np.array([0.667, 1.0, 0.8], dtype=np.float32)}
     # VITS draws noise from the session's generator: compare the first run of fresh sessions.
     original = _session(model.path).run(None, feeds)[0]
-    audio, frames = _session(Path(model.session._model_path)).run(None, feeds)
+    audio, frames, scaled = _session(Path(model.session._model_path)).run(None, feeds)
     assert np.array_equal(original, audio)
     assert frames.size == len(ids)
     assert int(frames.sum()) * 256 == audio.size
+    assert np.array_equal(np.ceil(scaled.reshape(-1)), frames.reshape(-1))
 
 
 def _check(words: tuple[WordTiming, ...], text: str, seconds: float) -> None:
