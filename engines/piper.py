@@ -55,6 +55,9 @@ them the engine knows how many frames any other scale gives this render, for an 
 UNTIMED = "timestamps_unsupported"
 """The error code of a refusal of timestamps, as for an engine that times nothing."""
 HOP = 256
+RENDERING = 2
+"""Raised when a change here alters the audio of an unchanged request (2: the exact slow-down
+scale), so the audio cache, which keys voices by `fingerprint`, serves none rendered before."""
 """Samples per VITS frame (every Piper voice quality)."""
 PRIOR_FRAMES_PER_SYMBOL = 2.0
 """Typical frames a symbol lasts at the voice's own length scale (measured 1.7-2.4 on English)."""
@@ -307,7 +310,8 @@ class PiperEngine:
     def fingerprint(self, voice: str) -> str:
         found = self._voice_ids().get(voice)
         model = found[0].content if found is not None else "?"
-        return digest(model, voice, package_versions("espeakng-loader", "num2words"))
+        return digest(model, voice, str(RENDERING),
+                      package_versions("espeakng-loader", "num2words"))
 
     def validate(self, req: SynthesisRequest) -> None:
         model, _ = self._resolve(req.voice)
