@@ -23,7 +23,7 @@ from app.protocols.native import whole_timed
 from app.serving.plan import SpeechPlan
 from app.serving.service import SpeechService
 from app.studio.samples import sample_text, spoken_language
-from app.studio.view import Clip, synthesize
+from app.studio.view import Clip, named_voices, synthesize
 from engines.base import InvalidParameter, VoxMuxError
 
 SAMPLE_FORMAT = "mp3"
@@ -70,6 +70,8 @@ class Contender:
 
     model: str
     voice: str
+    name: str
+    """The voice's name in its model's listing (the voice string itself for a blend)."""
     clip: Clip | None = None
     error: str | None = None
 
@@ -93,14 +95,16 @@ async def compare(service: SpeechService, picks: list[tuple[str, str]], *, text:
     each other on a shared model and on the CPU, and each clip's timings would carry the others'
     work. A voice that cannot speak it gets its error; the others still speak."""
     check_picks(picks)
+    names = {(v.model, v.id): v.name for v in named_voices(service, picks)}
     contenders = []
     for model, voice in picks:
+        name = names.get((model, voice), voice)
         try:
             clip = await synthesize(service, model=model, text=text, voice=voice, speed=speed,
                                     fmt=fmt, request_id=request_id, client=client,
                                     request=request)
         except VoxMuxError as exc:
-            contenders.append(Contender(model, voice, error=exc.message))
+            contenders.append(Contender(model, voice, name, error=exc.message))
         else:
-            contenders.append(Contender(model, voice, clip))
+            contenders.append(Contender(model, voice, name, clip))
     return contenders
