@@ -39,6 +39,9 @@ class Capabilities:
     multi_speaker: bool = False
     max_segment_chars: int = 400
     """Longest text piece the engine is handed at once; longer text is split before it."""
+    neural: bool = True
+    """A neural model. False for rule-based synthesis such as eSpeak NG's formant voices: they
+    cover many languages but sound robotic, so the Studio lists neural voices first."""
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,8 @@ class EspeakEngine:
     capabilities = Capabilities(
         # eSpeak NG keeps to the asked rate from 0.5 to 2.2 times its default (measured within
         # 2%); at its limits (80, 450 wpm) it drifts by 5%: beyond, the time-stretch takes over.
-        speed_range=(NATIVE_SPEED_MIN, NATIVE_SPEED_MAX), max_segment_chars=600
+        speed_range=(NATIVE_SPEED_MIN, NATIVE_SPEED_MAX), max_segment_chars=600,
+        neural=False,
     )
 
     def __init__(self) -> None:

@@ -10,111 +10,84 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Form, Request
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
-from app.http.auth import authenticator
 from app.http.deps import ClientDep, RequestIdDep, ServiceDep
 from app.http.errors import kind_of
 from app.resources import STATIC, TEMPLATES
+from app.routes import studio_audio
 from app.serving.service import SpeechService
+from app.studio.audition import COMPARE_MAX, compare
+from app.studio.blend import editor, mix, parse_rows
+from app.studio.deps import ClipsDep, PagesDep, access, from_htmx
 from app.studio.templating import Pages
 from app.studio.view import (
     FORMATS,
     GENDERS,
-    ClipStore,
+    KINDS,
     Filters,
     all_voices,
     languages,
     model_rows,
+    named_voices,
     open_clip_store,
     parse_keys,
     synthesize,
     voice_view,
 )
-from engines.base import InvalidParameter, VoxMuxError
+from engines.base import VoxMuxError
 
 HTMX = "htmx-2.0.11.min.js"
 PAGE = "studio.html"
-FRAGMENTS = ("auth", "models", "voices", "stats", "requests")
+FRAGMENTS = ("auth", "models", "voices", "stats", "requests", "compare", "blend", "blend_mix")
 RECENT_REQUESTS = 20
 
 router = APIRouter(tags=["studio"], include_in_schema=False)
 
 
-@dataclass(frozen=True)
-class Access:
-    required: bool
-    scope: str
-    signed_in: bool
-    """Authorized by the session cookie (always true on an open server)."""
-
-    @property
-    def listing(self) -> bool:
-        return self.signed_in or self.scope != "all"
-
-    synthesis = listing
-
-    @property
-    def admin(self) -> bool:
-        return self.signed_in
-
-
-def _access(request: Request) -> Access:
-    auth = authenticator(request)
-    return Access(auth.enabled, auth.scope, auth.authorized(request))
-
-
-def _from_htmx(request: Request) -> None:
-    if request.headers.get("hx-request") != "true":
-        raise InvalidParameter("Studio actions are sent by the Studio page (htmx) only")
-
-
-def _pages(request: Request) -> Pages:
-    pages: Pages = request.app.state.studio_pages
-    return pages
-
-
-def _clips(request: Request) -> ClipStore:
-    clips: ClipStore = request.app.state.studio_clips
-    return clips
-
-
-PagesDep = Annotated[Pages, Depends(_pages)]
-ClipsDep = Annotated[ClipStore, Depends(_clips)]
-
-
 async def _context(request: Request, service: SpeechService, blocks: tuple[str, ...],
                    **extra: Any) -> dict[str, Any]:
-    access = _access(request)
+    allowed = access(request)
+    query = request.query_params
     ctx: dict[str, Any] = {
-        "access": access,
+        "access": allowed,
         "htmx": HTMX,
         "formats": FORMATS,
         "genders": GENDERS,
+        "kinds": KINDS,
+        "compare_max": COMPARE_MAX,
         "max_input_chars": service.settings.max_input_chars,
         "model_ids": [h.id for h in service.models()],
         "default_voices": {h.id: h.entry.default_voice for h in service.models()},
     }
-    if access.listing and "models" in blocks:
+    if allowed.listing and "models" in blocks:
         ctx["models"] = model_rows(service, await service.model_views())
-    if access.listing and "voices" in blocks:
-        query = request.query_params
+    if allowed.listing and "voices" in blocks:
         filters = Filters(
             model=query.get("model", ""), language=query.get("language", ""),
             gender=query.get("gender", ""), query=query.get("q", ""),
+            kind=query.get("kind", ""),
         )
         ctx["filters"] = filters
         ctx["languages"] = languages(all_voices(service))
         ctx["voices"] = voice_view(service, filters, parse_keys(query.get("fav", "")),
-                                   parse_keys(query.get("recent", "")))
-    if access.admin and "stats" in blocks:
+                                   parse_keys(query.get("recent", "")),
+                                   parse_keys(query.get("cmp", "")))
+    if allowed.listing and "compare" in blocks:
+        ctx["picked"] = named_voices(service, parse_keys(query.get("cmp", ""))[:COMPARE_MAX])
+    if allowed.listing and {"blend", "blend_mix"} & set(blocks):
+        ctx["blend"] = blend_editor = editor(service, query.get("model", ""))
+        if blend_editor is not None:
+            rows = (parse_rows(query.getlist("voice"), query.getlist("weight"))
+                    if "voice" in query else blend_editor.rows)
+            ctx["mix"] = mix(service, blend_editor.model, rows)
+    if allowed.admin and "stats" in blocks:
         ctx["stats"] = await service.report()
-    if access.admin and "requests" in blocks:
+    if allowed.admin and "requests" in blocks:
         ctx["requests"] = service.stats.requests(service.queue_position)[:RECENT_REQUESTS]
     ctx.update(extra)
     return ctx
@@ -126,7 +99,7 @@ def _block(pages: Pages, block: str, ctx: dict[str, Any], status: int = 200) -> 
 
 @router.get("/", response_class=HTMLResponse)
 async def studio_page(request: Request, service: ServiceDep, pages: PagesDep) -> HTMLResponse:
-    ctx = await _context(request, service, (*FRAGMENTS, "result"))
+    ctx = await _context(request, service, (*FRAGMENTS, "result", "comparison"))
     return HTMLResponse(pages.page(PAGE, ctx))
 
 
@@ -139,10 +112,10 @@ async def fragment(block: str, request: Request, service: ServiceDep,
 
 
 @router.post("/studio/models/{model_id}/{action}", response_class=HTMLResponse,
-             dependencies=[Depends(_from_htmx)])
+             dependencies=[Depends(from_htmx)])
 async def model_action(model_id: str, action: Literal["load", "unload", "switch"],
                        request: Request, service: ServiceDep, pages: PagesDep) -> HTMLResponse:
-    if not _access(request).admin:
+    if not access(request).admin:
         hint = "Sign in with an API key to load, unload or switch models."
         ctx = await _context(request, service, ("models",), notice=hint, notice_error=True)
         return _block(pages, "models", ctx, 401)
@@ -164,7 +137,7 @@ async def model_action(model_id: str, action: Literal["load", "unload", "switch"
     return _block(pages, "models", ctx, status)
 
 
-@router.post("/studio/generate", response_class=HTMLResponse, dependencies=[Depends(_from_htmx)])
+@router.post("/studio/generate", response_class=HTMLResponse, dependencies=[Depends(from_htmx)])
 async def generate(
     request: Request,
     service: ServiceDep,
@@ -178,7 +151,7 @@ async def generate(
     speed: Annotated[float, Form()] = 1.0,
     format: Annotated[str, Form()] = "mp3",
 ) -> HTMLResponse:
-    if not _access(request).synthesis:
+    if not access(request).synthesis:
         ctx = await _context(request, service, ("result",),
                              error="Sign in with an API key to synthesize speech.", auth_hint=True)
         return _block(pages, "result", ctx, 401)
@@ -194,34 +167,35 @@ async def generate(
     return _block(pages, "result", ctx)
 
 
-_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
-
-
-@router.get("/studio/audio/{clip_id}")
-async def clip_audio(clip_id: str, request: Request, clips: ClipsDep) -> Response:
-    clip = await clips.get(clip_id)
-    if clip is None or not _access(request).synthesis:
-        return Response("This clip is gone; generate it again.", status_code=404,
-                        media_type="text/plain")
-    headers = {
-        "Accept-Ranges": "bytes",
-        "Content-Disposition": f'inline; filename="{clip.filename}"',
-        "Cache-Control": "private, max-age=3600",
-    }
-    size = len(clip.data)
-    # Browsers ask for byte ranges to seek in audio; one range is all they send.
-    match = _RANGE.fullmatch(request.headers.get("range", "").strip())
-    if match is None or not (match[1] or match[2]):
-        return Response(clip.data, media_type=clip.content_type, headers=headers)
-    if match[1]:
-        start, end = int(match[1]), min(int(match[2] or size - 1), size - 1)
-    else:
-        start, end = max(size - int(match[2]), 0), size - 1
-    if start > end:
-        return Response(status_code=416, headers={"Content-Range": f"bytes */{size}"})
-    headers["Content-Range"] = f"bytes {start}-{end}/{size}"
-    return Response(clip.data[start:end + 1], status_code=206, media_type=clip.content_type,
-                    headers=headers)
+@router.post("/studio/compare", response_class=HTMLResponse, dependencies=[Depends(from_htmx)])
+async def compare_voices(
+    request: Request,
+    service: ServiceDep,
+    pages: PagesDep,
+    clips: ClipsDep,
+    request_id: RequestIdDep,
+    client: ClientDep,
+    text: Annotated[str, Form()] = "",
+    pick: Annotated[list[str] | None, Form()] = None,
+    speed: Annotated[float, Form()] = 1.0,
+    format: Annotated[str, Form()] = "mp3",
+) -> HTMLResponse:
+    """The same text in each picked voice (`pick`: `model:voice`, two to four), side by side."""
+    if not access(request).synthesis:
+        ctx = await _context(request, service, ("comparison",),
+                             error="Sign in with an API key to synthesize speech.", auth_hint=True)
+        return _block(pages, "comparison", ctx, 401)
+    try:
+        contenders = await compare(service, parse_keys(",".join(pick or [])), text=text,
+                                   speed=speed, fmt=format, request_id=request_id,
+                                   client=client, request=request)
+    except VoxMuxError as exc:
+        ctx = await _context(request, service, ("comparison",), error=exc.message)
+        return _block(pages, "comparison", ctx, kind_of(exc).status)
+    stored = [c.clip is not None and await clips.put(c.clip) for c in contenders]
+    ctx = await _context(request, service, ("comparison",), contenders=contenders, text=text,
+                         stored=stored)
+    return _block(pages, "comparison", ctx)
 
 
 def _clock(timestamp: float) -> str:
@@ -241,3 +215,4 @@ def install(app: FastAPI) -> None:
     app.state.studio_clips = open_clip_store(app.state.settings.cache_url)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.include_router(router)
+    app.include_router(studio_audio.router)

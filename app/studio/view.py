@@ -28,6 +28,10 @@ FORMATS = ("mp3", "opus", "aac", "flac", "wav")
 RECENT_LIMIT = 8
 """Voices kept in the "last used" group (the list itself lives in the browser)."""
 GENDERS = ("female", "male", "unknown")
+KINDS = {"neural": "Neural", "rule-based": "Rule-based"}
+"""How a model makes speech (`Capabilities.neural`): neural voices are listed first."""
+OPEN_GROUPS_UP_TO = 40
+"""Language groups start open when no more voices of their kind than this match."""
 
 
 def voice_key(model: str, voice: str) -> str:
@@ -52,9 +56,14 @@ class Filters:
     gender: str = ""
     """`female`, `male`, `unknown` (not stated) or empty for any."""
     query: str = ""
+    kind: str = ""
+    """`neural`, `rule-based` (see `KINDS`) or empty for any."""
 
-    def matches(self, voice: Voice) -> bool:
+    def matches(self, voice: Voice, kind: str = "") -> bool:
+        """Whether `voice`, made by a model of `kind`, passes every filter."""
         if self.model and voice.model != self.model:
+            return False
+        if self.kind and kind != self.kind:
             return False
         if self.language and not language_matches(voice.language, self.language):
             return False
@@ -70,6 +79,9 @@ class VoiceGroup:
     key: str
     title: str
     voices: list[Voice]
+    kind: str = ""
+    """The kind of model its voices come from; empty for the pinned groups (any kind)."""
+    open: bool = True
 
 
 @dataclass(frozen=True)
@@ -78,10 +90,29 @@ class VoiceView:
     matched: int
     total: int
     favourites: frozenset[str]
+    compared: frozenset[str] = frozenset()
+    """Voices in the comparison (`model:voice`)."""
+    neural: int = 0
+    """How many of the matched voices are neural."""
 
 
 def all_voices(service: SpeechService) -> list[Voice]:
     return [v for handle in service.models() for v in handle.engine.voices()]
+
+
+def named_voices(service: SpeechService, pairs: list[tuple[str, str]],
+                 voices: list[Voice] | None = None) -> list[Voice]:
+    """The voices `pairs` (model, voice) name, of models that exist. A voice may be a blend or
+    an alias that no listing holds: it is shown by the name it was given."""
+    known = {voice_key(v.model, v.id): v for v in voices or all_voices(service)}
+    return [known.get(voice_key(m, v)) or Voice(id=v, name=v, model=m) for m, v in pairs
+            if m in service.registry]
+
+
+def model_kinds(service: SpeechService) -> dict[str, str]:
+    """Each model's kind (a key of `KINDS`), from its engine's capabilities."""
+    return {h.id: "neural" if h.engine.capabilities.neural else "rule-based"
+            for h in service.models()}
 
 
 def language_names(voices: list[Voice]) -> dict[str, str]:
@@ -104,35 +135,43 @@ def languages(voices: list[Voice]) -> list[tuple[str, str]]:
 
 
 def voice_view(service: SpeechService, filters: Filters, favourites: list[tuple[str, str]],
-               recent: list[tuple[str, str]]) -> VoiceView:
+               recent: list[tuple[str, str]],
+               compared: list[tuple[str, str]] | None = None) -> VoiceView:
+    """Favourites and the last used first, then the voices by language: every neural language
+    group before the rule-based ones, so that a model's few natural voices are not buried under
+    eSpeak NG's 140 languages."""
     voices = all_voices(service)
-    known = {voice_key(v.model, v.id): v for v in voices}
+    kinds = model_kinds(service)
 
     def pick(pairs: list[tuple[str, str]]) -> list[Voice]:
-        # A recent voice may be a blend or an alias that no listing holds; it still shows.
-        chosen = [known.get(voice_key(m, v)) or Voice(id=v, name=v, model=m) for m, v in pairs
-                  if m in service.registry]
-        return [v for v in chosen if filters.matches(v)]
+        return [v for v in named_voices(service, pairs, voices)
+                if filters.matches(v, kinds[v.model])]
 
-    matched = [v for v in voices if filters.matches(v)]
+    matched = [v for v in voices if filters.matches(v, kinds[v.model])]
     names = language_names(voices)
-    by_language: dict[str, list[Voice]] = {}
+    by_language: dict[tuple[str, str], list[Voice]] = {}
     for voice in matched:
-        by_language.setdefault(voice.language, []).append(voice)
+        by_language.setdefault((kinds[voice.model], voice.language), []).append(voice)
+    per_kind = {kind: sum(len(g) for (k, _), g in by_language.items() if k == kind)
+                for kind in KINDS}
     groups = [
         VoiceGroup("favourites", "Favourites", pick(favourites)),
         VoiceGroup("recent", "Last used", pick(recent[:RECENT_LIMIT])),
     ]
     groups += sorted(
-        (VoiceGroup(f"lang-{code or 'none'}", language_label(code, names), members)
-         for code, members in by_language.items()),
-        key=lambda g: g.title.casefold(),
+        (VoiceGroup(f"{'lang' if kind == 'neural' else 'rule'}-{code or 'none'}",
+                    language_label(code, names), members, kind,
+                    open=per_kind[kind] <= OPEN_GROUPS_UP_TO)
+         for (kind, code), members in by_language.items()),
+        key=lambda g: (list(KINDS).index(g.kind), g.title.casefold()),
     )
     return VoiceView(
         groups=groups,
         matched=len(matched),
         total=len(voices),
         favourites=frozenset(voice_key(m, v) for m, v in favourites),
+        compared=frozenset(voice_key(m, v) for m, v in compared or []),
+        neural=per_kind["neural"],
     )
 
 

@@ -9,88 +9,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, expect
 
 from tests.conftest import LiveServer, decode, start_server, test_settings
+from tests.web.browser import RECORD_CSP_VIOLATIONS, csp_violations, needs_chromium, open_studio
 
-CHROMIUM = Path("/usr/bin/chromium")
+pytestmark = needs_chromium
 
-pytestmark = pytest.mark.skipif(
-    not CHROMIUM.exists(),
-    reason="needs Debian's chromium at /usr/bin/chromium (apt-get install chromium; "
-           ".ci/run installs it)",
-)
-
-ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--autoplay-policy=no-user-gesture-required",
-]
-TIMEOUT_MS = 30_000
-# Assertions wait as long as actions: CI machines are shared and a poll can take seconds.
-expect.set_options(timeout=TIMEOUT_MS)
 KEY = "studio-browser-key"
-
-# Counts the samples the page hands to Web Audio, so a test can tell audio was really scheduled.
-COUNT_SCHEDULED = """
-window.__scheduled = {samples: 0, rate: 0, buffers: 0};
-const createBuffer = AudioContext.prototype.createBuffer;
-AudioContext.prototype.createBuffer = function (channels, length, rate) {
-  window.__scheduled.samples += length;
-  window.__scheduled.rate = rate;
-  window.__scheduled.buffers += 1;
-  return createBuffer.call(this, channels, length, rate);
-};
-"""
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        yield chromium
-        chromium.close()
-
-
-# Every Content-Security-Policy violation on a page, as the browser reports it to the page.
-RECORD_CSP_VIOLATIONS = """
-window.__csp = [];
-document.addEventListener('securitypolicyviolation', (e) => window.__csp.push(
-  `${e.effectiveDirective} blocked ${e.blockedURI || 'inline'} (${e.sourceFile}:${e.lineNumber})`));
-"""
-
-
-def csp_violations(ctx: BrowserContext, console: list[str]) -> list[str]:
-    found = [m for m in console if "Content Security Policy" in m]
-    for page in ctx.pages:
-        if not page.is_closed():
-            found += page.evaluate("window.__csp || []")
-    return found
-
-
-@pytest.fixture
-def context(browser: Browser) -> Iterator[BrowserContext]:
-    """A fresh context; when the test is done, no page of it has broken the Studio's CSP."""
-    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
-    ctx.set_default_timeout(TIMEOUT_MS)
-    ctx.add_init_script(COUNT_SCHEDULED)
-    ctx.add_init_script(RECORD_CSP_VIOLATIONS)
-    console: list[str] = []
-    ctx.on("console", lambda message: console.append(message.text))
-    yield ctx
-    violations = csp_violations(ctx, console)
-    ctx.close()
-    assert violations == []
-
-
-def open_studio(context: BrowserContext, url: str) -> Page:
-    page = context.new_page()
-    page.goto(url + "/")
-    page.wait_for_function("() => window.htmx && window.Studio")
-    return page
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,8 @@ def test_static_files_are_served(server: LiveServer) -> None:
     assert css.status_code == 200 and "data-theme" in css.text
 
 
-@pytest.mark.parametrize("block", ["auth", "models", "voices", "requests"])
+@pytest.mark.parametrize("block", ["auth", "models", "voices", "requests", "compare", "blend",
+                                   "blend_mix"])
 def test_fragment_is_the_page_block(server: LiveServer, block: str) -> None:
     with server.client() as client:
         fragment = client.get(f"/studio/fragments/{block}")

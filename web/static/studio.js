@@ -4,7 +4,7 @@
 
 (function () {
   const KEYS = { theme: "voxmux.theme", favs: "voxmux.favourites", recent: "voxmux.recent",
-                 open: "voxmux.open", draft: "voxmux.draft" };
+                 open: "voxmux.open", draft: "voxmux.draft", compare: "voxmux.compare" };
   const RECENT_LIMIT = 8;
   const $ = (id) => document.getElementById(id);
 
@@ -26,6 +26,7 @@
   const Studio = {
     favourites: () => load(KEYS.favs, []),
     recent: () => load(KEYS.recent, []),
+    compared: () => load(KEYS.compare, []),
   };
   window.Studio = Studio;
 
@@ -47,6 +48,77 @@
     const recent = [key, ...Studio.recent().filter((k) => k !== key)].slice(0, RECENT_LIMIT);
     save(KEYS.recent, recent);
     voicesChanged();
+  }
+
+  // -- the comparison: two to four voices, any models, kept here like the favourites ----------
+
+  function toggleCompare(button) {
+    const key = button.dataset.pick;
+    const picks = Studio.compared();
+    const at = picks.indexOf(key);
+    const most = Number($("compare").dataset.max || 4);
+    if (at >= 0) picks.splice(at, 1);
+    else if (picks.length >= most) {
+      const count = $("compare-count");
+      if (count) count.textContent = `${most} voices at most: remove one (✕) before adding another.`;
+      return;
+    } else picks.push(key);
+    save(KEYS.compare, picks);
+    button.setAttribute("aria-pressed", String(at < 0));
+    htmx.trigger(document.body, "compare-changed");
+    voicesChanged();
+  }
+
+  // -- voice samples: one player for all; the server renders each sample once (audio cache) ---
+
+  function previewStatus(text) { $("preview-status").textContent = text; }
+
+  function markPlaying(button) {
+    document.querySelectorAll('button[data-action="preview"][aria-pressed="true"]')
+      .forEach((b) => b.setAttribute("aria-pressed", "false"));
+    if (button) button.setAttribute("aria-pressed", "true");
+  }
+
+  function playSample(button) {
+    const audio = $("preview-player");
+    const { model, voice } = button.dataset;
+    const url = "/studio/preview?" + new URLSearchParams({ model, voice });
+    const same = audio.getAttribute("src") === url;
+    if (same && !audio.paused) {  // a second press stops it
+      audio.pause();
+      markPlaying(null);
+      previewStatus(`Stopped ${voice} (${model}).`);
+      return;
+    }
+    $("preview-error").hidden = true;
+    audio.dataset.label = `${voice} (${model})`;
+    if (same) audio.currentTime = 0;  // the player still holds it: no request at all
+    else audio.src = url;
+    markPlaying(button);
+    previewStatus(`Loading a sample of ${audio.dataset.label}…`);
+    audio.play().catch(() => { /* an error event says why */ });
+  }
+
+  async function previewFailed() {
+    const audio = $("preview-player");
+    markPlaying(null);
+    previewStatus("");
+    let message = "The sample could not be played.";
+    try {
+      const response = await fetch(audio.getAttribute("src"), { credentials: "same-origin" });
+      if (!response.ok) message = await errorMessage(response);
+    } catch (e) { /* the server could not be reached: the message above */ }
+    const error = $("preview-error");
+    error.textContent = message;
+    error.hidden = false;
+    audio.removeAttribute("src");
+  }
+
+  function watchPreview() {
+    const audio = $("preview-player");
+    audio.addEventListener("playing", () => previewStatus(`Playing a sample of ${audio.dataset.label}.`));
+    audio.addEventListener("ended", () => { markPlaying(null); previewStatus(`Played ${audio.dataset.label}.`); });
+    audio.addEventListener("error", () => { if (audio.getAttribute("src")) previewFailed(); });
   }
 
   function defaultVoice(model) {
@@ -418,7 +490,8 @@
     const { action, model, voice, key } = button.dataset;
     if (action === "favourite") toggleFavourite(key);
     else if (action === "use") useVoice(model, voice);
-    else if (action === "try") { useVoice(model, voice); startStream(); }
+    else if (action === "preview") playSample(button);
+    else if (action === "compare") toggleCompare(button);
     else if (action === "sign-out") signOut();
   });
 
@@ -429,11 +502,16 @@
     }
   });
 
-  // The voice list shows favourites and recent voices first: they live here, not on the server.
+  // The voice list shows favourites and recent voices first, and the comparison its voices:
+  // they live here, not on the server.
   document.addEventListener("htmx:configRequest", (event) => {
-    if (event.detail.elt.id === "voice-filters") {
+    const id = event.detail.elt.id;
+    if (id === "voice-filters") {
       event.detail.parameters.fav = Studio.favourites().join(",");
       event.detail.parameters.recent = Studio.recent().join(",");
+    }
+    if (id === "voice-filters" || id === "compare") {
+      event.detail.parameters.cmp = Studio.compared().join(",");
     }
   });
 
@@ -463,13 +541,15 @@
   });
 
   document.addEventListener("htmx:sendError", (event) => {
-    if (event.detail.elt.id === "compose") {
-      $("result").innerHTML = errorFragment("The server could not be reached; is it running?");
+    const target = { compose: "result", "compare-form": "comparison" }[event.detail.elt.id];
+    if (target) {
+      $(target).innerHTML = errorFragment("The server could not be reached; is it running?");
     }
   });
 
   document.addEventListener("htmx:afterSwap", (event) => {
     applyOpenState(event.detail.target);
+    if (event.detail.target.id === "comparison") refresh();
     if (event.detail.target.id === "result") {
       refresh();
       followClip();
@@ -497,7 +577,11 @@
     updateCounter();
     updateSpeed();
     updateVoicePlaceholder();
+    watchPreview();
     applyOpenState(document);
-    if (Studio.favourites().length || Studio.recent().length) voicesChanged();
+    if (Studio.favourites().length || Studio.recent().length || Studio.compared().length) {
+      voicesChanged();
+    }
+    if (Studio.compared().length) htmx.trigger(document.body, "compare-changed");
   });
 })();
