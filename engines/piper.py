@@ -55,10 +55,10 @@ them the engine knows how many frames any other scale gives this render, for an 
 UNTIMED = "timestamps_unsupported"
 """The error code of a refusal of timestamps, as for an engine that times nothing."""
 HOP = 256
+"""Samples per VITS frame (every Piper voice quality)."""
 RENDERING = 2
 """Raised when a change here alters the audio of an unchanged request (2: the exact slow-down
 scale), so the audio cache, which keys voices by `fingerprint`, serves none rendered before."""
-"""Samples per VITS frame (every Piper voice quality)."""
 PRIOR_FRAMES_PER_SYMBOL = 2.0
 """Typical frames a symbol lasts at the voice's own length scale (measured 1.7-2.4 on English)."""
 SPEED_TOLERANCE = 0.01
