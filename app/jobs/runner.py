@@ -90,9 +90,15 @@ class JobRunner:
 
     # -- making ------------------------------------------------------------------------------
 
-    def create(self, owner: str, kind: JobKind, request: dict[str, Any], items: list[Item]
-               ) -> Job:
+    async def create(self, owner: str, kind: JobKind, request: dict[str, Any],
+                     items: list[Item]) -> Job:
         """Store a new job and queue it; its items' segments are cut now, once."""
+        job = await asyncio.to_thread(self._store_new, owner, kind, request, items)
+        self._queue.put_nowait(job.id)
+        return job
+
+    def _store_new(self, owner: str, kind: JobKind, request: dict[str, Any], items: list[Item]
+                   ) -> Job:
         now = time.time()
         job = Job(id="job_" + uuid.uuid4().hex, owner=owner, kind=kind, status="queued",
                   created=now, updated=now, request=request)
@@ -102,11 +108,11 @@ class JobRunner:
                 continue
             plan = self.service.plan_long(**item.options.plan_fields(), text=item.text)
             item.sample_rate = plan.sample_rate
-            segments += (Segment(len(segments) + n, item.index, n, text, offset)
+            first = len(segments)
+            segments += [Segment(first + n, item.index, n, text, offset)
                          for n, (text, offset) in enumerate(zip(plan.segments, plan.offsets,
-                                                                strict=True)))
+                                                                strict=True))]
         self.store.create(job, items, segments)
-        self._queue.put_nowait(job.id)
         return job
 
     # -- reading -----------------------------------------------------------------------------

@@ -30,7 +30,6 @@ from app.jobs.results import (
     item_captions,
     item_chunks,
     item_ready,
-    item_seconds,
     job_zip,
     whole_chunks,
     write_zip,
@@ -91,15 +90,21 @@ def card(runner: JobRunner, job: Job, chapters: bool = False) -> JobCard:
         error=ErrorInfo(**job.error) if job.error else None,
     )
     if chapters:
-        body.chapters = [_chapter(runner, job, item) for item in runner.store.items(job.id)]
+        samples: dict[int, list[int | None]] = {}
+        for segment in runner.store.segments(job.id):  # one query, however many chapters
+            samples.setdefault(segment.item, []).append(segment.samples)
+        body.chapters = [_chapter(job, item, samples.get(item.index, []))
+                         for item in runner.store.items(job.id)]
     return body
 
 
-def _chapter(runner: JobRunner, job: Job, item: Item) -> dict[str, Any]:
+def _chapter(job: Job, item: Item, samples: list[int | None]) -> dict[str, Any]:
     base = f"/v1/audio/jobs/{job.id}/chapters/{item.index + 1}"
-    ready = item.error is None and item_ready(runner.store, job.id, item)
+    ready = item.error is None and bool(samples) and None not in samples
+    seconds = sum(s or 0 for s in samples) / item.sample_rate if ready and item.sample_rate \
+        else None
     return {"index": item.index + 1, "title": item.title, "chars": len(item.text),
-            "ready": ready, "duration_s": item_seconds(runner.store, job.id, item),
+            "ready": ready, "duration_s": seconds,
             "audio": base + "/audio" if ready else None,
             "captions": {"srt": base + "/captions?format=srt",
                          "vtt": base + "/captions?format=vtt"} if ready else None,
@@ -117,8 +122,8 @@ async def create_batch(body: BatchRequest, request: Request, service: ServiceDep
         raise InvalidParameter(f"A batch takes at most {settings.batch_max_job_items} items",
                                param="items")
     if len(body.items) > settings.batch_max_items:
-        items = batch_items(service, body.items)
-        job = runner.create(owner, "batch", {"items": len(items)}, items)
+        items = await asyncio.to_thread(batch_items, service, body.items)
+        job = await runner.create(owner, "batch", {"items": len(items)}, items)
         return JSONResponse(card(runner, job).model_dump(), status_code=202,
                             headers={"Location": f"/v1/audio/jobs/{job.id}"})
     members, entries = await run_batch(service, body.items, request_id, owner)
@@ -166,7 +171,7 @@ async def create_job(body: JobRequest, service: ServiceDep, runner: RunnerDep, o
         raise InvalidParameter(f"The job's text is {chars} characters; the limit is "
                                f"{service.settings.jobs_max_chars}", param="input",
                                code="string_above_max_length")
-    job = await asyncio.to_thread(runner.create, owner, "book", {
+    job = await runner.create(owner, "book", {
         "model": body.model, "voice": body.voice_id, "speed": body.speed,
         "response_format": body.response_format, "title": body.title,
         "input_format": body.input_format, "chars": chars}, items)
