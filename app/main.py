@@ -13,7 +13,6 @@ from app.http import edge
 from app.http.auth import require_synthesis
 from app.jobs.outputs import Outputs, keep_job
 from app.jobs.runner import JobRunner
-from app.jobs.store import JobStore
 from app.routes import (
     cancel,
     captioned,
@@ -103,9 +102,8 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
     registry = build_registry(settings, catalogue, runtime)
     service = SpeechService(settings, registry, renderer=renderer, fleet=fleet)
     outputs = Outputs(settings.outputs_dir) if settings.outputs_dir else None
-    store = JobStore(settings.data_dir, settings.jobs_max_bytes)
-    runner = JobRunner(service, store, settings, on_done=None if outputs is None else (
-        lambda job: keep_job(outputs, store, job, settings.chapter_pause_ms)))
+    runner = JobRunner(service, settings, on_done=None if outputs is None else (
+        lambda store, job: keep_job(outputs, store, job, settings.chapter_pause_ms)))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -122,7 +120,6 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
             await runner.stop()
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            store.close()
             service.close()
             await registry.close()
             await service.cache.close()

@@ -26,11 +26,11 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 class Outputs:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
 
     def write(self, name: str, ext: str, data: bytes | Path | Iterable[bytes],
               sidecar: dict[str, Any]) -> Path | None:
         """Keep `data` (bytes, a file to copy, or pieces) as `<time>-<name>.<ext>`; blocking."""
+        self.folder.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         path = self.folder / f"{stamp}-{_UNSAFE.sub('_', name)[:80]}.{ext}"
         try:

@@ -55,13 +55,14 @@ class _Run:
 
 
 class JobRunner:
-    def __init__(self, service: SpeechService, store: JobStore, settings: Settings,
-                 on_done: Any = None) -> None:
+    def __init__(self, service: SpeechService, settings: Settings, on_done: Any = None) -> None:
         self.service = service
-        self.store = store
+        self.store: JobStore
+        """Opened by `start` (building an app writes nothing to its data dir)."""
         self.settings = settings
         self.on_done = on_done
-        """Called (in a thread) with each job that finished well: the outputs directory."""
+        """Called (in a thread) with the store and each job that finished well: the outputs
+        directory."""
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._runs: dict[str, _Run] = {}
         self._changed: dict[str, asyncio.Event] = {}
@@ -70,6 +71,8 @@ class JobRunner:
     # -- lifetime ----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        settings = self.settings
+        self.store = await asyncio.to_thread(JobStore, settings.data_dir, settings.jobs_max_bytes)
         for job_id in self.store.interrupted():
             self.store.set_status(job_id, "queued")
             self._queue.put_nowait(job_id)
@@ -87,6 +90,8 @@ class JobRunner:
         for task in runs:
             task.cancel()
         await asyncio.gather(*self._tasks, *runs, return_exceptions=True)
+        if hasattr(self, "store"):
+            self.store.close()
 
     # -- making ------------------------------------------------------------------------------
 
@@ -211,7 +216,7 @@ class JobRunner:
         if self.on_done is not None:
             finished = self.store.job(job.id)
             with contextlib.suppress(Exception):
-                await asyncio.to_thread(self.on_done, finished)
+                await asyncio.to_thread(self.on_done, self.store, finished)
 
     async def _item(self, job: Job, item: Item, run: _Run) -> None:
         """Render what is left of one item, retrying where a busy model refused it."""
