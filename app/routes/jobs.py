@@ -20,7 +20,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 
 from app.audio.encoders import CONTENT_TYPES, output_rate
 from app.http.auth import authenticator
-from app.http.deps import RequestIdDep, ServiceDep
+from app.http.deps import ClientDep, RequestIdDep, ServiceDep
 from app.jobs import book
 from app.jobs.batch import batch_items, run_batch
 from app.jobs.model import Item, ItemOptions, Job, JobNotFound, JobNotReady
@@ -116,7 +116,8 @@ def _chapter(job: Job, item: Item, samples: list[int | None]) -> dict[str, Any]:
 @router.post("/v1/audio/batch", responses={**ERROR_RESPONSES, 202: {"model": JobCard}},
              response_class=Response)
 async def create_batch(body: BatchRequest, request: Request, service: ServiceDep,
-                       runner: RunnerDep, owner: OwnerDep, request_id: RequestIdDep) -> Response:
+                       runner: RunnerDep, owner: OwnerDep, request_id: RequestIdDep,
+                       client: ClientDep) -> Response:
     settings = service.settings
     if len(body.items) > settings.batch_max_job_items:
         raise InvalidParameter(f"A batch takes at most {settings.batch_max_job_items} items",
@@ -126,7 +127,7 @@ async def create_batch(body: BatchRequest, request: Request, service: ServiceDep
         job = await runner.create(owner, "batch", {"items": len(items)}, items)
         return JSONResponse(card(runner, job).model_dump(), status_code=202,
                             headers={"Location": f"/v1/audio/jobs/{job.id}"})
-    members, entries = await run_batch(service, body.items, request_id, owner)
+    members, entries = await run_batch(service, body.items, request_id, client)
     buffer = io.BytesIO()
     manifest = {"items": entries}
     await asyncio.to_thread(write_zip, buffer, members, manifest)
