@@ -147,3 +147,16 @@ def _toc_links(toc: Any) -> list[Any]:
                 found.append(section)
             found += _toc_links(children)
     return found
+
+
+def upload(name: str, data: bytes) -> tuple[str, InputFormat]:
+    """An uploaded book file as a job's `input` and `input_format`, by its name."""
+    lower = name.lower()
+    if lower.endswith(".epub"):
+        return base64.b64encode(data).decode(), "epub"
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise InvalidParameter(f"{name} is not UTF-8 text, Markdown or an EPUB",
+                               param="file") from None
+    return text, "markdown" if lower.endswith((".md", ".markdown")) else "text"

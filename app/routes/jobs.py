@@ -1,15 +1,9 @@
-"""Long-form routes: `POST /v1/audio/batch` and `/v1/audio/jobs` (see `app.jobs`).
-
-A job belongs to the API key that made it: another key gets 404 for it, as if it did not exist.
-Callers without a key (an open server, or `auth_scope=admin` where synthesis needs none) share one
-owner, `anonymous`: their jobs are reachable by anyone who has the job's id (128 random bits) and
-no key, and never by a keyed caller, nor a keyed job by them.
-"""
+"""Long-form routes: `POST /v1/audio/batch` and `/v1/audio/jobs` (see `app.jobs`; who owns a
+job: `app.jobs.front`)."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import io
 import json
 from collections.abc import AsyncIterator, Iterator
@@ -19,11 +13,10 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
 from app.audio.encoders import CONTENT_TYPES, output_rate
-from app.http.auth import authenticator
 from app.http.deps import ClientDep, RequestIdDep, ServiceDep
-from app.jobs import book
 from app.jobs.batch import batch_items, run_batch
-from app.jobs.model import Item, ItemOptions, Job, JobNotFound, JobNotReady
+from app.jobs.front import card, owner_of, start_job
+from app.jobs.model import Item, Job, JobNotFound, JobNotReady
 from app.jobs.outputs import Outputs
 from app.jobs.results import (
     encoded,
@@ -39,24 +32,13 @@ from app.protocols.openai import PCM_RATE
 from app.protocols.schemas import (
     ERROR_RESPONSES,
     BatchRequest,
-    ErrorInfo,
     JobCard,
     JobList,
-    JobProgress,
     JobRequest,
-    voice_id,
 )
 from engines.base import InvalidParameter
 
 router = APIRouter(tags=["jobs"])
-
-ANONYMOUS = "anonymous"
-
-
-def owner_of(request: Request) -> str:
-    key = authenticator(request).presented_key(request)
-    return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16] if key else ANONYMOUS
-
 
 def _runner(request: Request) -> JobRunner:
     runner: JobRunner = request.app.state.jobs
@@ -77,38 +59,6 @@ def _job(runner: JobRunner, job_id: str, owner: str) -> Job:
     if job is None or job.owner != owner:
         raise JobNotFound(f"No job '{job_id}'", param="id")
     return job
-
-
-def card(runner: JobRunner, job: Job, chapters: bool = False) -> JobCard:
-    progress = runner.progress(job)
-    request = job.request
-    body = JobCard(
-        id=job.id, kind=job.kind, status=job.status, created_at=int(job.created),
-        finished_at=int(job.finished) if job.finished else None, title=request.get("title"),
-        model=request.get("model"), response_format=request.get("response_format"),
-        progress=JobProgress(**progress.json()),
-        error=ErrorInfo(**job.error) if job.error else None,
-    )
-    if chapters:
-        samples: dict[int, list[int | None]] = {}
-        for segment in runner.store.segments(job.id):  # one query, however many chapters
-            samples.setdefault(segment.item, []).append(segment.samples)
-        body.chapters = [_chapter(job, item, samples.get(item.index, []))
-                         for item in runner.store.items(job.id)]
-    return body
-
-
-def _chapter(job: Job, item: Item, samples: list[int | None]) -> dict[str, Any]:
-    base = f"/v1/audio/jobs/{job.id}/chapters/{item.index + 1}"
-    ready = item.error is None and bool(samples) and None not in samples
-    seconds = sum(s or 0 for s in samples) / item.sample_rate if ready and item.sample_rate \
-        else None
-    return {"index": item.index + 1, "title": item.title, "chars": len(item.text),
-            "ready": ready, "duration_s": seconds,
-            "audio": base + "/audio" if ready else None,
-            "captions": {"srt": base + "/captions?format=srt",
-                         "vtt": base + "/captions?format=vtt"} if ready else None,
-            "error": item.error}
 
 
 # -- batch -------------------------------------------------------------------------------------
@@ -142,40 +92,10 @@ async def create_batch(body: BatchRequest, request: Request, service: ServiceDep
 
 # -- jobs --------------------------------------------------------------------------------------
 
-def _items(service: Any, body: JobRequest) -> list[Item]:
-    options = ItemOptions(model=body.model, voice=body.voice_id, speed=body.speed,
-                          language=body.language, instructions=body.instructions,
-                          response_format=body.response_format)
-    if body.items is not None:
-        if body.input is not None:
-            raise InvalidParameter("Send 'input' or 'items', not both", param="items")
-        return [Item(n, item.title or "", book._titled(item.title or "", item.input),
-                     ItemOptions(body.model, voice_id(item.voice) or options.voice,
-                                 item.speed or options.speed, item.language or options.language,
-                                 options.instructions, options.response_format),
-                     item.model_dump(exclude_none=True, mode="json"))
-                for n, item in enumerate(body.items)]
-    if body.input is None:
-        raise InvalidParameter("'input' (a text, Markdown or an EPUB) or 'items' is required",
-                               param="input")
-    chapters = book.chapters(body.input, body.input_format, body.title)
-    return [Item(n, c.title, c.text, options) for n, c in enumerate(chapters)]
-
-
 @router.post("/v1/audio/jobs", status_code=202, responses=ERROR_RESPONSES,
              response_model=JobCard)
-async def create_job(body: JobRequest, service: ServiceDep, runner: RunnerDep, owner: OwnerDep
-                     ) -> JSONResponse:
-    items = await asyncio.to_thread(_items, service, body)
-    chars = sum(len(i.text) for i in items)
-    if chars > service.settings.jobs_max_chars:
-        raise InvalidParameter(f"The job's text is {chars} characters; the limit is "
-                               f"{service.settings.jobs_max_chars}", param="input",
-                               code="string_above_max_length")
-    job = await runner.create(owner, "book", {
-        "model": body.model, "voice": body.voice_id, "speed": body.speed,
-        "response_format": body.response_format, "title": body.title,
-        "input_format": body.input_format, "chars": chars}, items)
+async def create_job(body: JobRequest, runner: RunnerDep, owner: OwnerDep) -> JSONResponse:
+    job = await start_job(runner, owner, body)
     return JSONResponse(card(runner, job).model_dump(), status_code=202,
                         headers={"Location": f"/v1/audio/jobs/{job.id}"})
 
