@@ -13,7 +13,9 @@ wait is bounded by one job segment's time (reported beside it: the job's seconds
 
 from __future__ import annotations
 
+import itertools
 import random
+import threading
 import time
 from typing import Any
 
@@ -39,6 +41,17 @@ def first_audio(client: httpx.Client, model: str) -> float:
     return first
 
 
+def watch(client: httpx.Client, job_id: str, stop: threading.Event,
+          ends: list[float]) -> None:
+    """When each of the job's segments finished (polled every 20 ms)."""
+    done = 0
+    while not stop.is_set():
+        now = client.get(f"/v1/audio/jobs/{job_id}").json()["progress"]["done"]
+        ends += [time.perf_counter()] * (now - done)
+        done = now
+        time.sleep(0.02)
+
+
 def measure_model(client: httpx.Client, model: str, rounds: int) -> dict[str, Any]:
     idle = []
     for _ in range(rounds):
@@ -47,21 +60,30 @@ def measure_model(client: httpx.Client, model: str, rounds: int) -> dict[str, An
     job = client.post("/v1/audio/jobs", json={
         "model": model, "voice": "alloy", "input": sentences(400),
         "response_format": "mp3"}).json()
-    while client.get(f"/v1/audio/jobs/{job['id']}").json()["progress"]["done"] < 1:
-        time.sleep(0.1)
-    started = time.perf_counter()
-    busy = []
+    ends: list[float] = []
+    stop = threading.Event()
+    watcher = threading.Thread(target=watch, args=(client, job["id"], stop, ends))
+    watcher.start()
+    while len(ends) < 1:
+        time.sleep(0.05)
+    busy, waited = [], []
     for _ in range(rounds):
         time.sleep(random.uniform(0.2, 2.0))
+        sent = time.perf_counter()
         busy.append(first_audio(client, model))
-    state = client.get(f"/v1/audio/jobs/{job['id']}").json()
+        # the job segment under way when the request came: it ends at the first end after it
+        waited.append(next((t for t in ends if t >= sent), sent) - sent)
+    stop.set()
+    watcher.join()
     client.delete(f"/v1/audio/jobs/{job['id']}", params={"purge": "true"})
-    done = state["progress"]["done"]
-    per_segment = (time.perf_counter() - started) / max(1, done - 1)
+    segments = [b - a for a, b in itertools.pairwise(ends)]
     return {"idle": percentiles(idle), "busy": percentiles(busy),
             "idle_all": [round(x, 3) for x in idle], "busy_all": [round(x, 3) for x in busy],
-            "job_segments_done": done, "job_seconds_per_segment": round(per_segment, 2),
-            "job_status_at_end": state["status"]}
+            "segment_left_at_request": [round(x, 3) for x in waited],
+            "busy_minus_segment_left": [round(b - w, 3) for b, w in
+                                        zip(busy, waited, strict=True)],
+            "job_segment_seconds": percentiles(segments) if segments else None,
+            "job_segment_max": round(max(segments), 2) if segments else None}
 
 
 def measure(quick: bool) -> dict[str, Any]:
@@ -78,24 +100,34 @@ def measure(quick: bool) -> dict[str, Any]:
 
 def summary(data: dict[str, Any]) -> str:
     m = data["machine"]
+    others = ", ".join(f"{name} {phase['other_work']['others']:.0%}"
+                       for name, phase in data["phases"].items())
     lines = [
         "# First audio while a long-form job runs on the same model", "",
         f"{m['cpu_model']}, {m['cpus']} CPUs, {m['date']}. Reproduce: "
         "`.venv/bin/python -m bench.jobs_fair`.", "",
+        f"Share of the machine other processes took during each phase: {others}.", "",
         f"One sentence (`{data['sentence']}`) as pcm on `POST /v1/audio/speech`, "
-        f"{data['rounds']} requests per row; the busy requests are sent at random moments "
-        "while a job of 400 sentences renders on the same model (one engine call at a time). "
-        "A job segment takes background turns: the request waits at most for the segment under "
-        "way.", "",
-        "| model | idle p50 (s) | idle max (s) | job running p50 (s) | job running max (s) | "
-        "job: seconds per segment |",
+        f"{data['rounds']} requests per row, one after another; the busy ones are sent at "
+        "random moments while a job of 400 sentences renders on the same model (one engine "
+        "call at a time). A job segment takes background turns, so a request waits for the "
+        "segment under way at most: *left of the segment* is how long that segment still ran "
+        "when the request came (from the job's progress, polled every 20 ms), and *first audio "
+        "minus it* is what the request took besides, to compare with idle.", "",
+        "| model | idle first audio p50 / max (s) | job running: first audio p50 / max (s) | "
+        "left of the segment under way p50 / max (s) | first audio minus it, max (s) | "
+        "job segment p50 / max (s) |",
         "|---|---|---|---|---|---|",
     ]
     for model, row in data["models"].items():
+        left = sorted(row["segment_left_at_request"])
+        segment = row["job_segment_seconds"] or {"p50": 0.0}
         lines.append(
-            f"| {model} | {row['idle']['p50']:.3f} | {max(row['idle_all']):.3f} | "
-            f"{row['busy']['p50']:.3f} | {max(row['busy_all']):.3f} | "
-            f"{row['job_seconds_per_segment']:.2f} |")
+            f"| {model} | {row['idle']['p50']:.3f} / {max(row['idle_all']):.3f} | "
+            f"{row['busy']['p50']:.3f} / {max(row['busy_all']):.3f} | "
+            f"{left[len(left) // 2]:.3f} / {max(left):.3f} | "
+            f"{max(row['busy_minus_segment_left']):.3f} | "
+            f"{segment['p50']:.2f} / {row['job_segment_max']} |")
     return "\n".join(lines) + "\n"
 
 
