@@ -45,7 +45,8 @@ def _tidy(text: str) -> str:
     return "\n\n".join(p for p in paragraphs if p)
 
 
-def _titled(title: str, body: str) -> str:
+def titled(title: str, body: str) -> str:
+    """`body` spoken after its title (closed with a full stop so it is heard as one)."""
     title = " ".join(title.split())
     if not title:
         return _tidy(body)
@@ -65,7 +66,7 @@ def markdown_chapters(source: str) -> list[Chapter]:
     for i, token in enumerate(tokens):
         if token.type == "heading_open" and token.tag == top:
             if title or body:
-                out.append(Chapter(title, _titled(title, "\n\n".join(body))))
+                out.append(Chapter(title, titled(title, "\n\n".join(body))))
             title, body = _inline_text(tokens[i + 1]), []
         elif token.type == "inline" and not (i and tokens[i - 1].type == "heading_open"
                                              and tokens[i - 1].tag == top):
@@ -73,7 +74,7 @@ def markdown_chapters(source: str) -> list[Chapter]:
         elif token.type in ("code_block", "fence"):
             body.append(token.content)
     if title or body:
-        out.append(Chapter(title, _titled(title, "\n\n".join(body))))
+        out.append(Chapter(title, titled(title, "\n\n".join(body))))
     return out
 
 
@@ -130,7 +131,7 @@ def epub_chapters(data: bytes) -> list[Chapter]:
         body = [b for b in blocks if b and b != heading]
         title = heading or names.get(item.get_name(), "")
         if body or title:
-            out.append(Chapter(title, _titled(title, "\n\n".join(body))))
+            out.append(Chapter(title, titled(title, "\n\n".join(body))))
     return out
 
 

@@ -23,8 +23,6 @@ from app.protocols.schemas import ErrorInfo, JobCard, JobProgress, JobRequest, v
 from engines.base import InvalidParameter
 
 ANONYMOUS = "anonymous"
-
-
 STUDIO = "studio"
 
 
@@ -80,7 +78,7 @@ def job_items(body: JobRequest) -> list[Item]:
     if body.items is not None:
         if body.input is not None:
             raise InvalidParameter("Send 'input' or 'items', not both", param="items")
-        return [Item(n, item.title or "", book._titled(item.title or "", item.input),
+        return [Item(n, item.title or "", book.titled(item.title or "", item.input),
                      ItemOptions(body.model, voice_id(item.voice) or options.voice,
                                  item.speed or options.speed, item.language or options.language,
                                  options.instructions, options.response_format),
