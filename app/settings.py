@@ -177,6 +177,10 @@ class Settings(BaseSettings):
     jobs_max_request_bytes: int = Field(64 * 1024 * 1024, gt=0)
     """Largest body of `POST /v1/audio/jobs` and `/v1/audio/batch` (an EPUB in base64, many
     items); other routes keep `max_request_bytes`."""
+    jobs_segment_chars: int = Field(0, ge=0)
+    """Longest segment a job's text is cut into; 0: the engine's own limit (fewest engine calls).
+    An interactive request on the same model waits for the job segment under way at most, so a
+    lower value shortens that wait (on a CPU, a 400-character Kokoro segment takes seconds)."""
     chapter_pause_ms: int = Field(1500, ge=0)
     """Silence between two chapters (or items) in a job's whole audio."""
     batch_max_items: int = Field(32, ge=1)

@@ -24,6 +24,8 @@ import httpx
 from bench.common import percentiles, run_benchmark, sentences, timed_phase, voxmux_process
 
 ENV = {"VOXMUX_PRELOAD": "piper,kokoro", "VOXMUX_CACHE_MAX_ITEMS": "0", "VOXMUX_IDLE_TTL": "-1"}
+SHORT = 150
+"""`VOXMUX_JOBS_SEGMENT_CHARS` of the last row (0, the engine's limit, in the others)."""
 SENTENCE = "The next train leaves from platform four in ten minutes."
 
 
@@ -95,6 +97,12 @@ def measure(quick: bool) -> dict[str, Any]:
         for model in ("piper", "kokoro"):
             with timed_phase(model, phases):
                 models[model] = measure_model(client, model, rounds)
+    shorter = {**ENV, "VOXMUX_PRELOAD": "kokoro", "VOXMUX_JOBS_SEGMENT_CHARS": str(SHORT)}
+    with voxmux_process(shorter) as server, \
+            httpx.Client(base_url=server.url, timeout=600) as client:
+        name = f"kokoro, job segments <= {SHORT} chars"
+        with timed_phase(name, phases):
+            models[name] = measure_model(client, "kokoro", rounds)
     return {"rounds": rounds, "sentence": SENTENCE, "models": models, "phases": phases}
 
 

@@ -151,9 +151,12 @@ class SpeechService:
         self._validate_voice(plan, plan.segments[0])
         return plan
 
-    def cut(self, plan: SpeechPlan, text: str, *, whole: bool = True) -> list[str]:
-        """`text` in the segments `plan`'s engine is given."""
-        most = plan.engine.capabilities.max_segment_chars
+    def cut(self, plan: SpeechPlan, text: str, *, whole: bool = True,
+            most: int | None = None) -> list[str]:
+        """`text` in the segments `plan`'s engine is given, each at most `most` characters (and
+        never over the engine's limit)."""
+        limit = plan.engine.capabilities.max_segment_chars
+        most = min(most, limit) if most else limit
         return split_text(
             text,
             max_chars=most,
@@ -179,7 +182,8 @@ class SpeechService:
         plan = self._plan(model, text, voice, speed, language, instructions, request_id,
                           timestamps=isinstance(handle.engine, TimedEngine))
         plan.client = client
-        plan.segments = segments if segments is not None else self.cut(plan, text)
+        plan.segments = segments if segments is not None else self.cut(
+            plan, text, most=self.settings.jobs_segment_chars)
         plan.offsets = offsets if offsets is not None else segment_offsets(text, plan.segments)
         plan.start = start
         plan.background = True

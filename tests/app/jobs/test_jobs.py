@@ -170,3 +170,15 @@ def test_a_book_of_more_than_a_thousand_segments_is_planned_and_runs(
         assert len(done["chapters"]) == 1100
         last = client.get(done["chapters"][-1]["audio"])
         assert decode(last.content, "wav").rms > 0.01
+
+
+def test_jobs_segment_chars_bounds_a_job_segment(espeak_server: LiveServer,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """How long an interactive request may wait behind a job is one of its segments."""
+    service = espeak_server.app.state.service
+    text = PARAGRAPH * 40
+    whole = service.plan_long(model="espeak", text=text).segments
+    monkeypatch.setattr(service.settings, "jobs_segment_chars", 120)
+    short = service.plan_long(model="espeak", text=text).segments
+    assert max(map(len, whole)) > 300 and max(map(len, short)) <= 120
+    assert " ".join(short).split() == text.split()
