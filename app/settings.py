@@ -165,8 +165,9 @@ class Settings(BaseSettings):
     """Where long-form jobs are kept: `jobs.sqlite3` (jobs, chapters, segments) and `jobs/<id>/`
     (each finished segment's audio, the result ZIP). Survives restarts; nothing to start."""
     jobs_max_bytes: int = Field(5 * 1024**3, ge=0)
-    """Bytes the job store's files may take in all; a segment that would pass it fails its job
-    (`disk_full`, HTTP 507 on the job), never the server. So does a disk that is really full."""
+    """Bytes the job store may take in all (jobs' text, segment audio, result ZIPs); a new job
+    that would pass it is refused and a segment fails its job (`disk_full`, 507), never the
+    server. So does a disk that is really full."""
     jobs_retention_hours: float = Field(168, ge=0)
     """Hours a finished (done, failed, cancelled) job and its files are kept; 0 keeps them until
     deleted (`DELETE /v1/audio/jobs/{id}`)."""

@@ -7,8 +7,9 @@ says so, in that order, each durable before the next: a kill -9 at any moment le
 segment to render again, never one half stored. WAL journal, `synchronous=NORMAL`: a commit
 survives the process dying (not a power cut in the last instant).
 
-The bound `max_bytes` counts the segment and ZIP files of every job; a segment that would pass it,
-or a disk that is really full, fails its job (`DiskFull`), never the server.
+The bound `max_bytes` counts every job's text and its segment and ZIP files; a new job or a
+segment that would pass it, or a disk that is really full, is refused or fails its job
+(`DiskFull`), never the server.
 """
 
 from __future__ import annotations
@@ -105,11 +106,24 @@ class JobStore:
     # -- making ------------------------------------------------------------------------------
 
     def create(self, job: Job, items: list[Item], segments: list[Segment]) -> None:
+        """Store a new job; its text counts against the bound too (`DiskFull` past it), so
+        jobs queued by the thousand cannot grow the database without limit."""
+        size = sum(len(i.text.encode()) for i in items) + sum(len(s.text.encode())
+                                                                for s in segments)
+        self._reserve(size)
+        try:
+            self._insert(job, items, segments, size)
+        except BaseException:
+            self._release(size)
+            raise
+        (self.root / job.id).mkdir(exist_ok=True)
+
+    def _insert(self, job: Job, items: list[Item], segments: list[Segment], size: int) -> None:
         with self._write() as db:
-            db.execute("INSERT INTO jobs (id, owner, kind, status, request, created, updated) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            db.execute("INSERT INTO jobs (id, owner, kind, status, request, created, updated, "
+                       "bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                        (job.id, job.owner, job.kind, job.status, json.dumps(job.request),
-                        job.created, job.updated))
+                        job.created, job.updated, size))
             db.executemany(
                 "INSERT INTO items (job, idx, title, text, options, asked, error, sample_rate) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -120,7 +134,6 @@ class JobStore:
                 "INSERT INTO segments (job, seq, item, part, text, offset) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 [(job.id, s.seq, s.item, s.part, s.text, s.offset) for s in segments])
-        (self.root / job.id).mkdir(exist_ok=True)
 
     # -- reading -----------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.jobs.model import Item, ItemOptions, Job, Segment
+from app.jobs.model import DiskFull, Item, ItemOptions, Job, Segment
 from app.jobs.store import JobStore
 from tests.app.jobs.conftest import wait_job
 from tests.app.jobs.test_resume import server
@@ -58,10 +58,20 @@ def test_finished_jobs_past_retention_are_deleted(tmp_path: Path) -> None:
         store.set_status(name, "done")
         with store._write() as db:
             db.execute("UPDATE jobs SET finished = ? WHERE id = ?", (finished, name))
-    assert store.used == 4000
+    each = 2000 + 2 * len("Hello.")  # the audio, and the text as chapter and as segment
+    assert store.used == 2 * each
     assert store.expired(now - 3600) == ["job_old"]
     store.delete("job_old")
     assert store.job("job_old") is None and not (tmp_path / "jobs" / "job_old").exists()
-    assert store.used == 2000 and store.job("job_new") is not None
+    assert store.used == each and store.job("job_new") is not None
     reopened = JobStore(tmp_path, max_bytes=10_000_000)
-    assert reopened.used == 2000
+    assert reopened.used == each
+
+
+def test_a_job_whose_text_does_not_fit_is_refused(tmp_path: Path) -> None:
+    store = JobStore(tmp_path, max_bytes=100)
+    text = "A long chapter. " * 10
+    with pytest.raises(DiskFull):
+        store.create(Job("job_big", "anonymous", "book", "queued", 0, 0, {}),
+                     [Item(0, "", text, ItemOptions("espeak"))], [Segment(0, 0, 0, text, 0)])
+    assert store.job("job_big") is None and store.used == 0
