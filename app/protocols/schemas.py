@@ -270,3 +270,64 @@ class Health(BaseModel):
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 409, 429, 500, 503)
 }
+
+
+class BatchItem(SpeechOptions):
+    """One item of `POST /v1/audio/batch`: a speech body (`stream_format` has no place here)."""
+
+    input: str = Field(validation_alias=AliasChoices("input", "text"))
+    response_format: ResponseFormat = "mp3"
+
+
+class BatchRequest(Strict):
+    """`POST /v1/audio/batch`: speech bodies, each checked on its own (a bad one fails alone)."""
+
+    items: list[Any] = Field(min_length=1)
+
+
+class JobItem(Strict):
+    """One item of a job's `items`: its text and what it changes of the job's options."""
+
+    input: str = Field(validation_alias=AliasChoices("input", "text"))
+    title: str | None = None
+    voice: str | VoiceRef | None = None
+    speed: float | None = Field(None, ge=0.25, le=4.0)
+    language: str | None = None
+
+
+class JobRequest(SpeechOptions):
+    """`POST /v1/audio/jobs`: the speech fields and a long `input` (plain text, Markdown or an
+    EPUB in base64, per `input_format`) or a list of `items`; no `max_input_chars` limit."""
+
+    input: str | None = Field(None, validation_alias=AliasChoices("input", "text"))
+    input_format: Literal["text", "markdown", "epub"] = "text"
+    items: list[JobItem] | None = Field(None, min_length=1)
+    response_format: ResponseFormat = "mp3"
+    title: str | None = Field(None, description="The job's name (a book's title)")
+
+
+class JobProgress(BaseModel):
+    done: int
+    total: int
+    audio_seconds: float
+    eta_seconds: float | None
+
+
+class JobCard(BaseModel):
+    id: str
+    object: Literal["audio.job"] = "audio.job"
+    kind: Literal["book", "batch"]
+    status: Literal["queued", "running", "done", "failed", "cancelled"]
+    created_at: int
+    finished_at: int | None = None
+    title: str | None = None
+    model: str | None = None
+    response_format: str | None = None
+    progress: JobProgress
+    error: ErrorInfo | None = None
+    chapters: list[dict[str, Any]] | None = None
+
+
+class JobList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[JobCard]

@@ -49,7 +49,8 @@ class Assembly:
         self._rate = plan.sample_rate
         self._samples = 0
         """Samples joined so far: where the next piece starts on the job's clock."""
-        self._previous: str | None = None
+        self._previous: str | None = plan.segments[plan.start - 1] if plan.start else None
+        """The segment before the next: a resumed plan's next piece has its pause too."""
 
     def join(self, index: int, text: str, rendered: Rendered) -> Joined:
         chunks, words = list(rendered.chunks), rendered.words
