@@ -101,11 +101,13 @@ class Settings(BaseSettings):
     sentence_pause_ms: int = 250
     """Pause inserted between sentences of one request."""
     concurrency: int = Field(1, ge=1)
-    """Engine calls at once per model; admitted requests take turns segment by segment."""
+    """Engine calls at once per model; admitted requests take turns segment by segment. On a
+    cluster: the requests one engine replica renders at once (Serve's `max_ongoing_requests`)."""
     queue_size: int = Field(16, ge=0)
     """Requests a model takes on beyond `concurrency`; one more gets a 429 with Retry-After. A
     request counts only while it has engine work: a text socket waiting for text, or a stream
-    waiting for its reader, does not."""
+    waiting for its reader, does not. On a cluster: the requests each ingress replica keeps
+    waiting in Serve's queue for an engine replica (`max_queued_requests`)."""
     client_max_requests: int = Field(0, ge=0)
     """Requests one client (its API key, else its address) may have in progress on one model;
     one more from it gets a 429 while other clients keep their share. 0: half of
@@ -152,11 +154,6 @@ class Settings(BaseSettings):
     """Replicas of the engine deployment; each holds up to `ray_models_per_replica` models."""
     ray_engine_cpus: float = Field(1, ge=0)
     """CPUs Ray reserves for each engine replica."""
-    ray_engine_max_ongoing: int | None = Field(None, ge=1)
-    """Requests one engine replica takes at once (they share its lanes by segment-sized turns);
-    when every replica holding a model is this busy, Serve places the model on another replica
-    too. Empty: `concurrency + queue_size`, as one process admits; lower it to spread a busy
-    model over more replicas sooner."""
     ray_models_per_replica: int = Field(2, ge=1)
     """Models one engine replica keeps loaded; the least recently used one is evicted (once its
     last request has ended) to make room."""

@@ -4,12 +4,11 @@
 tooling (`serve run app.cluster.app:build_app`, KubeRay's RayService `import_path`), with the
 settings taken from the environment (`VOXMUX_*`, set in the runtime env) and the arguments.
 
-Capacity follows the single process: an engine replica takes `concurrency + queue_size` requests
-at once (Serve's `max_ongoing_requests`, or `VOXMUX_RAY_ENGINE_MAX_ONGOING`; they take
-segment-sized turns on its lanes), requests beyond wait in front of the replicas up to
-`queue_size` per ingress replica (`max_queued_requests`), and one more is a 429 with
-`Retry-After`. Serve sends a model's requests to the replicas holding it while they have room,
-then places it on another replica.
+Serve admits and queues; the replicas only render. An engine replica runs `concurrency` render
+sessions at once (Serve's `max_ongoing_requests`), requests beyond wait in Serve's queue in front
+of the replicas, up to `queue_size` per ingress replica (`max_queued_requests`), and one more is a
+429 with `Retry-After`. Serve sends a model's requests to the replicas holding it while they have
+room, then places it on another replica.
 """
 
 from __future__ import annotations
@@ -48,8 +47,7 @@ def build(settings: Settings, *, engine_options: dict[str, Any] | None = None,
                              ray_actor_options={"num_cpus": 0})(Board).bind()
     engines = serve.deployment(name=ENGINES)(Engines).options(**{
         "num_replicas": settings.ray_engine_replicas,
-        "max_ongoing_requests": (settings.ray_engine_max_ongoing
-                                 or settings.concurrency + settings.queue_size),
+        "max_ongoing_requests": settings.concurrency,
         "max_queued_requests": settings.queue_size,
         "ray_actor_options": {"num_cpus": settings.ray_engine_cpus},
         **(engine_options or {}),

@@ -1,12 +1,14 @@
 """The engine deployment: replicas that hold models and render segments.
 
-Each replica is a small single-process VoxMux without HTTP: the catalogue's engine adapters in an
-`EngineRegistry` (leases, loads, per-replica idle unload by `VOXMUX_IDLE_TTL`) and a
-`LocalRenderer` (lanes, turns, cancellable engine calls). Which models a replica holds is Serve's
-multiplexing: a request carries its model as `multiplexed_model_id`, Serve routes it to a replica
-that holds the model (or the one holding fewest), and past `VOXMUX_RAY_MODELS_PER_REPLICA` evicts
-the least recently used. An eviction here only retires the model: it is unloaded when its last
-lease ends, so a request that streams from it is never cut short.
+Each replica renders and nothing else: the catalogue's engine adapters in an `EngineRegistry`
+(leases, loads) and a `LocalRenderer` without admission (cancellable engine calls on the lanes'
+threads). Serve admits: a replica runs at most `max_ongoing_requests` (the model's concurrency)
+sessions, and the rest wait in Serve's queue. Which models a replica holds is Serve's
+multiplexing alone: a request carries its model as `multiplexed_model_id`, Serve routes it to a
+replica that holds the model (or the one holding fewest), and past
+`VOXMUX_RAY_MODELS_PER_REPLICA` evicts the least recently used; no idle TTL unloads behind its
+back. An eviction here only retires the model: it is unloaded when its last lease ends, so a
+request that streams from it is never cut short.
 
 `render()` is one render session as a stream: `Update`s, then one `Segment` per segment or a
 `Failure`. A cancel from the ingress (the client left) cancels the stream, which cancels the
@@ -68,10 +70,11 @@ class Engines:
 
         self.settings = settings
         self._board = board
+        # Residency is Serve's multiplex LRU: no bound and no idle TTL of the registry's own.
         self.registry: EngineRegistry[Lane] = build_registry(
-            settings.model_copy(update={"max_loaded": None}),
+            settings.model_copy(update={"max_loaded": None, "idle_ttl": -1, "model_ttl": {}}),
             Catalogue.load(settings.catalogue_path), runtime_options(settings))
-        self.renderer = LocalRenderer(self.registry, settings.request_timeout)
+        self.renderer = LocalRenderer(self.registry, settings.request_timeout, admission=False)
         context = serve.get_replica_context()
         self.replica = context.replica_id.unique_id
         self.node = ray.get_runtime_context().get_node_id()

@@ -160,8 +160,11 @@ class _RaySession:
             elif isinstance(item, Segment):
                 # Own copies: Ray hands large arrays out as read-only views of its object store,
                 # which they would keep pinned while they wait for a slow reader.
-                return Rendered([np.array(chunk, dtype=np.float32, copy=True)
-                                 for chunk in item.chunks], item.words)
+                rendered = Rendered([np.array(chunk, dtype=np.float32, copy=True)
+                                     for chunk in item.chunks], item.words)
+                if not self._pending:  # the call's last segment: read it to its end
+                    await self._finish_stream()
+                return rendered
             else:
                 raise SynthesisFailed("The engine replica ended the session early")
 
@@ -204,8 +207,9 @@ class _RaySession:
         streamed text's sentences are calls of their own."""
 
     def close(self) -> None:
-        """Cancel a call still running; one that never ran (refused, failed) has nothing to
-        cancel, and its error has been raised already."""
+        """Cancel a call that still has segments to send (the job ended early); one that sent
+        them all has been read to its end, and one that never ran (refused, failed) has nothing
+        to cancel and its error has been raised already."""
         if self._stream is not None and not self._ended:
             self._ended = True
             with contextlib.suppress(Exception):

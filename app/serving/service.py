@@ -108,7 +108,7 @@ class SpeechService:
         if self.fleet is not None:
             raise InvalidParameter(
                 f"On a cluster, models are placed and {done} by the engine replicas "
-                "(VOXMUX_RAY_MODELS_PER_REPLICA, VOXMUX_IDLE_TTL), not on request",
+                "(Serve's multiplexing, VOXMUX_RAY_MODELS_PER_REPLICA), not on request",
                 param="model", code="cluster_managed",
             )
 

@@ -8,6 +8,7 @@ replica to watch an eviction meet a stream.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import random
@@ -301,12 +302,73 @@ def test_streamed_text_over_websocket_speaks_each_sentence(cluster: Deployed) ->
     assert word_error_rate("The first sentence arrives. Then a second one follows.", heard) < 0.4
 
 
+def ray_logs() -> dict[Path, int]:
+    """Every log file of the local cluster (replicas, workers, Serve) and its size now."""
+    import ray
+
+    folder = Path(ray._private.worker._global_node.get_logs_dir_path())
+    return {path: path.stat().st_size for path in folder.rglob("*") if path.is_file()}
+
+
+def written_since(before: dict[Path, int]) -> str:
+    """What the cluster's logs gained since `before`."""
+    text = []
+    for path in ray_logs():
+        with path.open("rb") as file:
+            file.seek(before.get(path, 0))
+            text.append(file.read().decode(errors="replace"))
+    return "".join(text)
+
+
+def test_two_ingress_replicas_stream_through_one_engine_replica(cluster: Deployed) -> None:
+    """16 streams at once from both ingress replicas to one engine replica that renders one
+    at a time: every one is queued by Serve and spoken whole; nothing collides on the replica."""
+    shared = cluster.settings.model_copy(update={
+        "ray_engine_replicas": 1, "ray_ingress_replicas": 2, "queue_size": 16,
+        "cache_url": None, "cache_max_items": 0})
+    launch.deploy(shared)
+    wait_healthy(cluster.url, replicas=1)
+    speech(cluster, "piper", "Warm.").raise_for_status()
+    logs = ray_logs()
+    results: list[tuple[str, list[dict[str, Any]]]] = []
+    lock = threading.Lock()
+    text = "Two sentences for each stream. The second one closes it."
+
+    def one() -> None:
+        with httpx.Client(base_url=cluster.url, timeout=300) as http, http.stream(
+            "POST", "/v1/audio/speech", json={
+                "model": "piper", "voice": "alloy", "input": unique(text),
+                "response_format": "pcm", "stream_format": "sse"}) as response:
+            assert response.status_code == 200, response.read()
+            events = [json.loads(line[6:]) for line in response.iter_lines()
+                      if line.startswith("data: ")]
+            with lock:
+                results.append((response.headers["x-voxmux-replica"], events))
+
+    threads = [threading.Thread(target=one) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert len(results) == 16
+    assert len({replica for replica, _ in results}) == 2  # both ingress replicas took some
+    for _, events in results:
+        kinds = [e["type"] for e in events]
+        assert kinds and kinds[-1] == "speech.audio.done", events[-1:]
+        assert set(kinds[:-1]) == {"speech.audio.delta"}
+        pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+        assert decode(pcm, "pcm", pcm_rate=24000).duration > 2
+    logged = written_since(logs)
+    assert "Traceback" not in logged and "KeyError" not in logged, logged[-3000:]
+
+
 def test_an_evicted_model_finishes_the_stream_it_serves(cluster: Deployed) -> None:
-    """One engine replica holding one model: espeak evicts piper while piper streams a long
-    text; piper is unloaded only when that stream has ended, and its body is whole."""
+    """One engine replica holding one model, two requests at a time: espeak evicts piper while
+    piper streams a long text; piper is unloaded only when that stream has ended, and its body
+    is whole."""
     narrow = cluster.settings.model_copy(update={
         "ray_engine_replicas": 1, "ray_ingress_replicas": 1, "cache_url": None,
-        "cache_max_items": 0})
+        "cache_max_items": 0, "concurrency": 2})
     launch.deploy(narrow)
     wait_healthy(cluster.url, replicas=1)
     last = "The very last sentence is about purple elephants."
