@@ -1,4 +1,4 @@
-"""The Serve application: an ingress deployment, the engine deployment, the board.
+"""The Serve application: an ingress deployment and the engine deployment.
 
 `build(settings)` is what `voxmux serve --ray` runs; `build_app` is the same for Serve's own
 tooling (`serve run app.cluster.app:build_app`, KubeRay's RayService `import_path`), with the
@@ -19,13 +19,12 @@ from typing import Any
 from ray import serve
 from ray.serve import Application
 
-from app.cluster.board import Board
 from app.cluster.engines import Engines
 from app.cluster.ingress import Ingress
 from app.settings import Settings
 
 APP_NAME = "voxmux"
-INGRESS, ENGINES, BOARD = "VoxMux", "VoxMuxEngines", "VoxMuxBoard"
+INGRESS, ENGINES = "VoxMux", "VoxMuxEngines"
 """Deployment names, as Serve's config files (a RayService's `deployments:`) refer to them."""
 
 
@@ -41,23 +40,19 @@ def build(settings: Settings, *, engine_options: dict[str, Any] | None = None,
           ingress_options: dict[str, Any] | None = None) -> Application:
     """The application for `settings`; the options override Serve deployment options."""
     settings = absolute(settings)
-    # Its long polls never finish on their own: a stopping board does not wait them out.
-    board = serve.deployment(name=BOARD, num_replicas=1, max_ongoing_requests=10_000,
-                             graceful_shutdown_timeout_s=1, graceful_shutdown_wait_loop_s=0.5,
-                             ray_actor_options={"num_cpus": 0})(Board).bind()
     engines = serve.deployment(name=ENGINES)(Engines).options(**{
         "num_replicas": settings.ray_engine_replicas,
         "max_ongoing_requests": settings.concurrency,
         "max_queued_requests": settings.queue_size,
         "ray_actor_options": {"num_cpus": settings.ray_engine_cpus},
         **(engine_options or {}),
-    }).bind(settings, board)
+    }).bind(settings)
     ingress: Application = serve.deployment(name=INGRESS)(serve.ingress()(Ingress)).options(**{
         "num_replicas": settings.ray_ingress_replicas,
         "max_ongoing_requests": settings.ray_ingress_max_ongoing,
         "ray_actor_options": {"num_cpus": settings.ray_ingress_cpus},
         **(ingress_options or {}),
-    }).bind(settings, engines, board)
+    }).bind(settings, engines)
     return ingress
 
 

@@ -23,12 +23,12 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 import ray
 from ray import serve
 
 from app.cluster.messages import Failure, RenderRequest, Segment, Update
+from app.cluster.reports import REPORT_SECONDS, ReplicaGauges
 from app.serving.catalogue import Catalogue
 from app.serving.fleet import ReplicaModel, ReplicaState
 from app.serving.render import LocalRenderer, Progress, RenderWork
@@ -39,10 +39,6 @@ from engines.base import CancelToken, EngineBusy, SynthesisFailed, VoxMuxError
 from engines.registry import EngineRegistry, ModelStatus
 
 log = logging.getLogger(__name__)
-
-REPORT_SECONDS = 1.0
-"""A replica reports to the board at least this often, and at once when something changed."""
-
 
 class Resident:
     """A model as Serve's multiplexing sees it on this replica. Serve calls `__del__` when it
@@ -64,12 +60,11 @@ class Resident:
 
 
 class Engines:
-    async def __init__(self, settings: Settings, board: Any) -> None:  # type: ignore[misc]
+    async def __init__(self, settings: Settings) -> None:  # type: ignore[misc]
         # An async constructor (Serve awaits it): its tasks start on the replica's loop.
         from app.main import build_registry, runtime_options  # the same wiring as one process
 
         self.settings = settings
-        self._board = board
         # Residency is Serve's multiplex LRU: no bound and no idle TTL of the registry's own.
         self.registry: EngineRegistry[Lane] = build_registry(
             settings.model_copy(update={"max_loaded": None, "idle_ttl": -1, "model_ttl": {}}),
@@ -78,6 +73,7 @@ class Engines:
         context = serve.get_replica_context()
         self.replica = context.replica_id.unique_id
         self.node = ray.get_runtime_context().get_node_id()
+        self._gauges = ReplicaGauges(self.node)
         self._loop = asyncio.get_running_loop()
         self._draining: set[str] = set()
         self._served: Counter[str] = Counter()
@@ -226,17 +222,10 @@ class Engines:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), REPORT_SECONDS)
             self._changed.clear()
-            try:
-                await self._board.report.remote(self.state())
-            except Exception as exc:  # the board restarts with the app; keep rendering
-                log.warning("report to the board failed: %s", exc)
-                await asyncio.sleep(REPORT_SECONDS)
+            self._gauges.publish(self.state())
             await asyncio.sleep(REPORT_SECONDS / 10)  # a burst of changes is one report
 
     async def __del__(self) -> None:
         self._reporter.cancel()
         self._preload.cancel()
-        with contextlib.suppress(Exception):
-            await self._board.forget.remote(self.replica)
         await self.registry.close()
-

@@ -43,9 +43,12 @@ def start_local(settings: Settings, *, log_to_driver: bool = True) -> None:
     local_environment()
     import ray
 
+    from app.cluster.reports import LOCAL_REPORT_MS
+
     ray.init(address="local", num_cpus=settings.ray_cpus,
              object_store_memory=settings.ray_object_store_bytes, include_dashboard=False,
-             _node_ip_address=LOOPBACK, log_to_driver=log_to_driver)
+             _node_ip_address=LOOPBACK, log_to_driver=log_to_driver,
+             _system_config={"metrics_report_interval_ms": LOCAL_REPORT_MS})
 
 
 def join(address: str) -> None:

@@ -23,14 +23,14 @@ import numpy as np
 from ray.exceptions import RayError
 from ray.serve.exceptions import BackPressureError
 
+from app.cluster.cancels import Cancels
 from app.cluster.messages import Failure, RenderRequest, Segment, Update
-from app.serving.fleet import ReplicaState
+from app.cluster.reports import read_replicas
+from app.serving.fleet import DeploymentStatus, ReplicaState
 from app.serving.render import Rendered, RenderSession, RenderWork
 from engines.base import Overloaded, RequestTimeout, SynthesisFailed
 from engines.registry import ModelStatus
 
-CANCEL_POLL_SECONDS = 10.0
-"""How long one long poll for cancels waits on the board before asking again."""
 REPORT_WAIT_SECONDS = 5.0
 """How long a load waits for the replica's report before answering."""
 GRACE_SECONDS = 10.0
@@ -39,18 +39,16 @@ replica's own timeout, which reports a 504, comes first)."""
 
 
 class RayRenderer:
-    """`Renderer` and `Fleet` of an ingress replica."""
+    """`Renderer` and `Fleet` of an ingress replica: render sessions are calls to the engine
+    deployment, its status is Serve's (`serve.status()`) and the replicas' own metrics
+    (`app.cluster.reports`), cancels travel through `cancels`."""
 
-    def __init__(self, engines: Any, board: Any, timeout: float, replicas_wanted: int,
-                 replica: str = "") -> None:
+    def __init__(self, engines: Any, cancels: Cancels, timeout: float) -> None:
         self._engines = engines
-        self._board = board
+        self._cancels = cancels
+        self.shared_cancel = cancels.shared
         self.timeout = timeout
-        self.replicas_wanted = replicas_wanted
-        self.replica = replica
-        """This ingress replica's id."""
         self._mean_seconds = 1.0
-        self._tasks: set[asyncio.Task[None]] = set()
 
     @asynccontextmanager
     async def session(self, work: RenderWork) -> AsyncIterator[RenderSession]:
@@ -72,43 +70,28 @@ class RayRenderer:
     def retry_after(self) -> int:
         return max(1, math.ceil(self._mean_seconds))
 
+    # -- status ------------------------------------------------------------------------------
+
     async def replicas(self) -> list[ReplicaState]:
-        states: list[ReplicaState] = await self._board.replicas.remote()
-        return states
+        return await read_replicas(self._engines.app_name, self._engines.deployment_name)
 
-    # -- cancelling by request id across ingress replicas ------------------------------------
+    async def deployment(self) -> DeploymentStatus:
+        from ray import serve
 
-    def opened(self, request_id: str) -> None:
-        self._tell(self._board.opened.remote(self.replica, request_id))
-
-    def closed(self, request_id: str) -> None:
-        self._tell(self._board.closed.remote(self.replica, request_id))
-
-    def _tell(self, response: Any) -> None:
-        async def sent() -> None:
-            with contextlib.suppress(Exception):  # a lost registration only weakens a cancel
-                await response
-
-        task = asyncio.get_running_loop().create_task(sent())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        status = await asyncio.to_thread(serve.status)
+        app = status.applications.get(self._engines.app_name)
+        engines = app.deployments.get(self._engines.deployment_name) if app else None
+        if engines is None:
+            return DeploymentStatus("NOT_FOUND", {}, "the engine deployment is not running")
+        states = {str(getattr(state, "value", state)): count
+                  for state, count in engines.replica_states.items()}
+        return DeploymentStatus(str(engines.status.value), states, engines.message)
 
     async def cancel(self, request_id: str) -> int:
-        count: int = await self._board.cancel.remote(request_id, self.replica)
-        return count
+        return await self._cancels.cancel(request_id)
 
     async def watch_cancels(self, cancel: Callable[[str], int]) -> None:
-        while True:
-            try:
-                request_ids: list[str] = await self._board.cancels.remote(
-                    self.replica, CANCEL_POLL_SECONDS)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # the board is restarting: try again shortly
-                await asyncio.sleep(1)
-                continue
-            for request_id in request_ids:
-                cancel(request_id)
+        await self._cancels.watch(cancel)
 
     async def load(self, model_id: str, voice: str) -> None:
         """Load a model where the cluster routes it: a one-segment render session, so its
@@ -122,13 +105,13 @@ class RayRenderer:
         async with self.session(work) as session:
             await session.render(WARM_UP_TEXT)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + REPORT_WAIT_SECONDS  # until the board shows it, so the answer does
+        deadline = loop.time() + REPORT_WAIT_SECONDS  # until a report shows it, so the answer does
         while loop.time() < deadline:
             replicas = await self.replicas()
             if any(r.models.get(model_id) and r.models[model_id].status is ModelStatus.READY
                    for r in replicas):
                 return
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.1)
 
 
 class _RaySession:

@@ -18,7 +18,14 @@ from collections import defaultdict
 from dataclasses import asdict
 
 from app.serving.cache import AudioCache, open_cache
-from app.serving.fleet import Fleet, ModelView, ReplicaState, fleet_views, local_views
+from app.serving.fleet import (
+    DeploymentStatus,
+    Fleet,
+    ModelView,
+    ReplicaState,
+    fleet_views,
+    local_views,
+)
 from app.serving.job import JobContext, SpeechJob
 from app.serving.memory import process_memory
 from app.serving.metrics import Metrics, registry_voice_ids
@@ -237,8 +244,6 @@ class SpeechService:
         self.stats.open(job.record)
         self._jobs[job.ticket] = job
         self._by_request_id[job.plan.request_id].add(job.ticket)
-        if self.fleet is not None:
-            self.fleet.opened(job.plan.request_id)
 
     def _finished(self, job: SpeechJob) -> None:
         assert job.record is not None and job.stats is not None
@@ -250,8 +255,6 @@ class SpeechService:
                 del self._by_request_id[job.plan.request_id]
         self.stats.close(job.record, job.stats)
         self.metrics.observe_request(job.plan.model_id, job.stats, job.plan.voice)
-        if self.fleet is not None:
-            self.fleet.closed(job.plan.request_id)
 
     def render_record(self, plan: SpeechPlan) -> RenderRecord:
         """What shapes `plan`'s audio: its cache key, and the check that a result is current."""
@@ -326,8 +329,8 @@ class SpeechService:
             "models": models,
             "memory": process_memory(),
         }
-        if replicas is not None:
-            report["cluster"] = cluster_report(replicas, self.fleet)
+        if self.fleet is not None and replicas is not None:
+            report["cluster"] = cluster_report(replicas, await self.fleet.deployment())
         return report
 
     async def metrics_text(self) -> bytes:
@@ -337,10 +340,11 @@ class SpeechService:
         return self.metrics.render(views, await self.cache.snapshot(), replicas)
 
 
-def cluster_report(replicas: list[ReplicaState], fleet: Fleet | None) -> dict[str, object]:
-    """Which engine replica holds which model, and how busy each is."""
+def cluster_report(replicas: list[ReplicaState], deployment: DeploymentStatus
+                   ) -> dict[str, object]:
+    """The engine deployment as Serve sees it, and which replica holds which model."""
     return {
-        "replicas_wanted": fleet.replicas_wanted if fleet is not None else len(replicas),
+        "deployment": asdict(deployment),
         "replicas": [
             {
                 "id": r.id,

@@ -92,6 +92,19 @@ def test_the_cluster_binds_loopback_only(cluster: Deployed) -> None:
     assert not (Path.home() / ".ray" / "auth_token").exists()
 
 
+def test_serve_runs_the_ingress_and_the_engines_only(cluster: Deployed) -> None:
+    """No deployment of VoxMux's own beside the two (no board): status comes from Serve and the
+    replicas' metrics."""
+    from ray import serve
+
+    from app.cluster.app import APP_NAME, ENGINES, INGRESS
+
+    assert set(serve.status().applications[APP_NAME].deployments) == {INGRESS, ENGINES}
+    with cluster.client() as http:
+        deployment = http.get("/health").json()["cluster"]["deployment"]
+    assert deployment["status"] == "HEALTHY" and deployment["replica_states"] == {"RUNNING": 2}
+
+
 def test_openai_sdk_speech_on_piper_and_espeak(cluster: Deployed) -> None:
     client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="unused", max_retries=0)
     spoken = {"tts-1": "The cluster speaks with the same voice as one process.",

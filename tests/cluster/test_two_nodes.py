@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from app.cluster import launch
+from app.cluster.reports import LOCAL_REPORT_MS
 from tests.cluster.conftest import (
     OBJECT_STORE,
     cluster_settings,
@@ -26,7 +27,8 @@ def two_nodes(ray_available: None, tmp_path_factory: pytest.TempPathFactory) -> 
     from ray.cluster_utils import Cluster
 
     node = {"num_cpus": 1, "object_store_memory": OBJECT_STORE, "include_dashboard": False}
-    cluster = Cluster(initialize_head=True, head_node_args=node)
+    cluster = Cluster(initialize_head=True, head_node_args={
+        **node, "_system_config": {"metrics_report_interval_ms": LOCAL_REPORT_MS}})
     try:
         cluster.add_node(**node)
         ray.init(address=cluster.address, log_to_driver=False)
