@@ -27,7 +27,7 @@ async def health(request: Request, service: ServiceDep) -> Health:
     cluster = None
     if replicas is not None and service.fleet is not None:
         deployment = await service.fleet.deployment()
-        cluster = cluster_report(replicas, deployment)
+        cluster = cluster_report(replicas, deployment, service.shared_state())
         ready = ready and bool(replicas) and not any(r.preloading for r in replicas)
         if deployment.status == "UNHEALTHY":
             warnings.append(f"the engine deployment is unhealthy: {deployment.message}")

@@ -330,8 +330,21 @@ class SpeechService:
             "memory": process_memory(),
         }
         if self.fleet is not None and replicas is not None:
-            report["cluster"] = cluster_report(replicas, await self.fleet.deployment())
+            report["cluster"] = cluster_report(replicas, await self.fleet.deployment(),
+                                               self.shared_state())
         return report
+
+    def shared_state(self) -> dict[str, object]:
+        """On a cluster: what the ingress replicas share, and what takes Redis to share."""
+        redis = bool(self.settings.cache_url)
+        alone = "only the ingress replica that answered (needs Redis: VOXMUX_CACHE_URL)"
+        return {
+            "redis": redis,
+            "audio_cache": "every ingress replica" if redis else alone,
+            "studio_clips": "every ingress replica" if redis else alone,
+            "cancel_by_id": ("every ingress replica"
+                             if self.fleet is not None and self.fleet.shared_cancel else alone),
+        }
 
     async def metrics_text(self) -> bytes:
         """`GET /metrics`: the counters of this process, levels from wherever engines run."""
@@ -340,11 +353,13 @@ class SpeechService:
         return self.metrics.render(views, await self.cache.snapshot(), replicas)
 
 
-def cluster_report(replicas: list[ReplicaState], deployment: DeploymentStatus
-                   ) -> dict[str, object]:
-    """The engine deployment as Serve sees it, and which replica holds which model."""
+def cluster_report(replicas: list[ReplicaState], deployment: DeploymentStatus,
+                   shared: dict[str, object]) -> dict[str, object]:
+    """The engine deployment as Serve sees it, which replica holds which model, and what the
+    ingress replicas share."""
     return {
         "deployment": asdict(deployment),
+        "shared": shared,
         "replicas": [
             {
                 "id": r.id,
