@@ -7,8 +7,9 @@ sessions, and the rest wait in Serve's queue. Which models a replica holds is Se
 multiplexing alone: a request carries its model as `multiplexed_model_id`, Serve routes it to a
 replica that holds the model (or the one holding fewest), and past
 `VOXMUX_RAY_MODELS_PER_REPLICA` evicts the least recently used; no idle TTL unloads behind its
-back. An eviction here only retires the model: it is unloaded when its last lease ends, so a
-request that streams from it is never cut short.
+back. onnxruntime runs as many threads per inference as the replica has CPUs (its `num_cpus`),
+so replicas sharing a node do not oversubscribe it. An eviction here only retires the model: it
+is unloaded when its last lease ends, so a request that streams from it is never cut short.
 
 `render()` is one render session as a stream: `Update`s, then one `Segment` per segment or a
 `Failure`. A cancel from the ingress (the client left) cancels the stream, which cancels the
@@ -40,6 +41,13 @@ from engines.registry import EngineRegistry, ModelStatus
 
 log = logging.getLogger(__name__)
 
+def intra_op_threads(configured: int, cpus: float) -> int:
+    """onnxruntime's threads per inference on a replica granted `cpus` CPUs: the setting when
+    given, else one per whole CPU (at least one). onnxruntime's own choice, one per core of the
+    node, would have every replica on a node use all of its cores."""
+    return configured or max(1, int(cpus))
+
+
 class Resident:
     """A model as Serve's multiplexing sees it on this replica. Serve calls `__del__` when it
     evicts the model (in a worker thread); that retires the model on the replica's loop."""
@@ -66,9 +74,13 @@ class Engines:
 
         self.settings = settings
         # Residency is Serve's multiplex LRU: no bound and no idle TTL of the registry's own.
+        cpus = ray.get_runtime_context().get_assigned_resources().get(  # type: ignore[no-untyped-call]
+            "CPU", 0.0)
+        local = settings.model_copy(update={
+            "max_loaded": None, "idle_ttl": -1, "model_ttl": {},
+            "intra_op_threads": intra_op_threads(settings.intra_op_threads, cpus)})
         self.registry: EngineRegistry[Lane] = build_registry(
-            settings.model_copy(update={"max_loaded": None, "idle_ttl": -1, "model_ttl": {}}),
-            Catalogue.load(settings.catalogue_path), runtime_options(settings))
+            local, Catalogue.load(settings.catalogue_path), runtime_options(local))
         self.renderer = LocalRenderer(self.registry, settings.request_timeout, admission=False)
         context = serve.get_replica_context()
         self.replica = context.replica_id.unique_id

@@ -105,6 +105,39 @@ def test_serve_runs_the_ingress_and_the_engines_only(cluster: Deployed) -> None:
     assert deployment["status"] == "HEALTHY" and deployment["replica_states"] == {"RUNNING": 2}
 
 
+def in_replicas(deployment: str, check: Any) -> list[Any]:
+    """`check()` run inside every replica of `deployment` (its actor, through Ray)."""
+    import ray
+
+    from app.cluster.app import APP_NAME
+
+    results = []
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["name"].startswith(f"SERVE_REPLICA::{APP_NAME}#{deployment}#"):
+            handle = ray.get_actor(actor["name"], namespace=actor["namespace"])
+            results.append(ray.get(handle.__ray_call__.remote(lambda _: check())))
+    return results
+
+
+def onnxruntime_imported() -> bool:
+    import sys
+
+    return "onnxruntime" in sys.modules
+
+
+def test_only_engine_replicas_import_onnxruntime(cluster: Deployed) -> None:
+    """The ingress plans from catalogue data (voices, capabilities, fingerprints) and never
+    imports onnxruntime; an engine replica that has loaded a model has."""
+    from app.cluster.app import ENGINES, INGRESS
+
+    for model in ("kokoro", "piper"):  # plans, voices, cache keys on the ingress
+        assert speech(cluster, model, unique("Planned on the ingress.")).status_code == 200
+    with cluster.client() as http:
+        assert http.get("/v1/audio/voices", params={"model": "kokoro"}).status_code == 200
+    assert in_replicas(INGRESS, onnxruntime_imported) == [False, False]
+    assert True in in_replicas(ENGINES, onnxruntime_imported)
+
+
 def test_openai_sdk_speech_on_piper_and_espeak(cluster: Deployed) -> None:
     client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="unused", max_retries=0)
     spoken = {"tts-1": "The cluster speaks with the same voice as one process.",
