@@ -6,21 +6,25 @@ front) each sentence is a call of its own. Serve's queue in front of the replica
 (`max_queued_requests`): a full one is the same `Overloaded` (429 with `Retry-After`) as a full
 lane. Leaving the session early (the client left, a cancel) cancels the call, which cancels the
 replica's session and with it the running engine call. Failures on the replica arrive as the very
-errors the single process raises; a replica that dies or stops answering is a `SynthesisFailed`
-or a `RequestTimeout`.
+errors the single process raises. A replica that dies before a call has sent its first segment
+costs nothing but time: the call is sent again (Serve routes it to a live replica, or waits for
+the dead one's replacement). One that dies later ends the request with a `SynthesisFailed` (an
+SSE `error` event, a WebSocket `error` frame, a cut chunked body); one that stops answering, with
+a `RequestTimeout`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import numpy as np
-from ray.exceptions import RayError
+from ray.exceptions import RayActorError, RayError
 from ray.serve.exceptions import BackPressureError
 
 from app.cluster.cancels import Cancels
@@ -31,6 +35,10 @@ from app.serving.render import Rendered, RenderSession, RenderWork
 from engines.base import Overloaded, RequestTimeout, SynthesisFailed
 from engines.registry import ModelStatus
 
+log = logging.getLogger(__name__)
+
+RETRIES = 2
+"""Times a call that a lost replica never answered is sent again."""
 REPORT_WAIT_SECONDS = 5.0
 """How long a load waits for the replica's report before answering."""
 GRACE_SECONDS = 10.0
@@ -114,33 +122,56 @@ class RayRenderer:
             await asyncio.sleep(0.1)
 
 
+class _ReplicaLost(Exception):
+    """The replica running the call died or became unreachable."""
+
+
 class _RaySession:
     def __init__(self, renderer: RayRenderer, work: RenderWork) -> None:
         self._renderer = renderer
         self._work = work
         self._stream: Any = None
+        self._segments: tuple[str, ...] = ()
         self._pending: list[str] = []
         self._ended = True
+        self._answered = False
+        """Whether the current call has sent a segment (then it cannot be sent elsewhere)."""
+        self._retries = 0
+
+    def _call(self, segments: tuple[str, ...]) -> None:
+        with self._mapped():
+            self._stream = self._renderer.call(self._work, segments)
+        self._segments, self._ended, self._answered = segments, False, False
 
     async def render(self, text: str) -> Rendered:
         work = self._work
         if not self._pending:
             await self._finish_stream()
             segments = work.segments if work.segments is not None else (text,)
-            with self._mapped():
-                self._stream = self._renderer.call(work, segments)
-            self._pending, self._ended = list(segments), False
+            self._call(segments)
+            self._pending = list(segments)
             work.progress("queued")
         expected = self._pending.pop(0)
         if expected != text:
             raise SynthesisFailed("The render session got segments out of order")
         while True:
-            item = await self._next()
+            try:
+                item = await self._next()
+            except _ReplicaLost as lost:
+                # Nothing of this call has been sent on: it can start over on another replica
+                # (Serve routes around a dead one, or waits for its replacement).
+                if self._answered or self._retries >= RETRIES:
+                    raise SynthesisFailed(f"The engine replica stopped: {lost}") from None
+                self._retries += 1
+                log.warning("engine replica lost before it answered (%s); trying again", lost)
+                self._call(self._segments)
+                continue
             if isinstance(item, Update):
                 work.progress(item.progress)
             elif isinstance(item, Failure):
                 raise item.error
             elif isinstance(item, Segment):
+                self._answered = True
                 # Own copies: Ray hands large arrays out as read-only views of its object store,
                 # which they would keep pinned while they wait for a slow reader.
                 rendered = Rendered([np.array(chunk, dtype=np.float32, copy=True)
@@ -166,7 +197,7 @@ class _RaySession:
 
     @contextmanager
     def _mapped(self) -> Iterator[None]:
-        """Serve's and Ray's errors as VoxMux's."""
+        """Serve's and Ray's errors as VoxMux's (a lost replica as `_ReplicaLost`)."""
         try:
             yield
         except BackPressureError:
@@ -175,13 +206,21 @@ class _RaySession:
                 "in front of them is full; retry later",
                 retry_after=self._renderer.retry_after(),
             ) from None
+        except RayActorError as exc:
+            raise _ReplicaLost(str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                               ) from exc
         except RayError as exc:
             raise SynthesisFailed(f"The engine replica failed: {exc}") from exc
 
     async def _finish_stream(self) -> None:
-        """Read a finished sentence's call to its end (streamed text makes one per sentence)."""
+        """Read a finished call to its end (streamed text makes one per sentence). Every
+        segment has arrived: a replica lost now loses nothing."""
         while self._stream is not None and not self._ended:
-            item = await self._next()
+            try:
+                item = await self._next()
+            except _ReplicaLost:
+                self._ended = True
+                return
             if isinstance(item, Failure):
                 raise item.error
 

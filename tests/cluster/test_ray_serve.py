@@ -56,9 +56,19 @@ def unique(text: str) -> str:
 class Deployed:
     url: str
     settings: Settings
+    current: Settings | None = None
+    """What runs now, when a test redeployed."""
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=120)
+
+    def redeploy(self, **update: Any) -> None:
+        """Run the application with these settings changed (unless it runs so already)."""
+        wanted = self.settings.model_copy(update=update)
+        if wanted != self.current:
+            launch.deploy(wanted)
+            self.current = wanted
+        wait_healthy(self.url, replicas=wanted.ray_engine_replicas)
 
 
 @pytest.fixture(scope="module")
@@ -369,11 +379,8 @@ def written_since(before: dict[Path, int]) -> str:
 def test_two_ingress_replicas_stream_through_one_engine_replica(cluster: Deployed) -> None:
     """16 streams at once from both ingress replicas to one engine replica that renders one
     at a time: every one is queued by Serve and spoken whole; nothing collides on the replica."""
-    shared = cluster.settings.model_copy(update={
-        "ray_engine_replicas": 1, "ray_ingress_replicas": 2, "queue_size": 16,
-        "cache_url": None, "cache_max_items": 0})
-    launch.deploy(shared)
-    wait_healthy(cluster.url, replicas=1)
+    cluster.redeploy(ray_engine_replicas=1, ray_ingress_replicas=2, queue_size=16,
+                     cache_url=None, cache_max_items=0)
     speech(cluster, "piper", "Warm.").raise_for_status()
     logs = ray_logs()
     results: list[tuple[str, list[dict[str, Any]]]] = []
@@ -408,15 +415,16 @@ def test_two_ingress_replicas_stream_through_one_engine_replica(cluster: Deploye
     assert "Traceback" not in logged and "KeyError" not in logged, logged[-3000:]
 
 
+NARROW = {"ray_engine_replicas": 1, "ray_ingress_replicas": 1, "cache_url": None,
+          "cache_max_items": 0, "concurrency": 2}
+"""One engine replica taking two requests at once, one ingress replica, no cache."""
+
+
 def test_an_evicted_model_finishes_the_stream_it_serves(cluster: Deployed) -> None:
     """One engine replica holding one model, two requests at a time: espeak evicts piper while
     piper streams a long text; piper is unloaded only when that stream has ended, and its body
     is whole."""
-    narrow = cluster.settings.model_copy(update={
-        "ray_engine_replicas": 1, "ray_ingress_replicas": 1, "cache_url": None,
-        "cache_max_items": 0, "concurrency": 2})
-    launch.deploy(narrow)
-    wait_healthy(cluster.url, replicas=1)
+    cluster.redeploy(**NARROW)
     last = "The very last sentence is about purple elephants."
     text = " ".join([*SENTENCES, *SENTENCES, *SENTENCES, last])
 
@@ -452,3 +460,69 @@ def test_an_evicted_model_finishes_the_stream_it_serves(cluster: Deployed) -> No
     assert until(piper_gone)  # unloaded once its stream ended: nothing is kept past the bound
     (replica,) = cluster_state(cluster.url)
     assert replica["holds"] == ["espeak"]
+
+
+def sse_events(response: httpx.Response, after_first: Any = None) -> list[dict[str, Any]]:
+    """The SSE events of `response`; `after_first()` is called once the first has arrived."""
+    events: list[dict[str, Any]] = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            events.append(json.loads(line[6:]))
+            if len(events) == 1 and after_first is not None:
+                after_first()
+    return events
+
+
+def test_a_killed_engine_replica_ends_its_stream_with_an_error(cluster: Deployed) -> None:
+    """SIGKILL on the engine replica mid-stream: the stream ends with an SSE error event at
+    once (no hang), Serve starts a new replica and the next request is served by it."""
+    import os
+    import signal
+
+    from app.cluster.app import ENGINES
+
+    cluster.redeploy(**NARROW)
+    speech(cluster, "piper", "Warm.").raise_for_status()
+    (pid,) = in_replicas(ENGINES, os.getpid)
+    started = time.monotonic()
+    with cluster.client() as http, http.stream("POST", "/v1/audio/speech", json={
+        "model": "piper", "voice": "alloy", "input": unique(" ".join(SENTENCES * 3)),
+        "response_format": "pcm", "stream_format": "sse"}) as response:
+        assert response.status_code == 200
+        events = sse_events(response, lambda: os.kill(pid, signal.SIGKILL))
+    assert time.monotonic() - started < 30
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "speech.audio.delta" and kinds[-1] == "error", kinds
+    assert "speech.audio.done" not in kinds
+    assert events[-1]["error"]["type"] == "server_error", events[-1]
+    after = speech(cluster, "piper", unique("The new replica speaks."))
+    assert after.status_code == 200, after.text
+    assert decode(after.content, "wav").duration > 1
+    assert in_replicas(ENGINES, os.getpid) != [pid]
+
+
+def test_a_request_its_dead_replica_never_answered_is_served_by_another(cluster: Deployed
+                                                                         ) -> None:
+    """SIGKILL on the engine replica while a request waits there for Kokoro to load (its
+    Japanese reader starts: seconds): no byte has been sent, so the call is sent again and the
+    client gets the whole clip from the replacement replica."""
+    import os
+    import signal
+
+    from app.cluster.app import ENGINES
+
+    cluster.redeploy(**NARROW)
+    (pid,) = in_replicas(ENGINES, os.getpid)
+    assert not holders(cluster.url, "kokoro")
+    answers: list[httpx.Response] = []
+    asking = threading.Thread(target=lambda: answers.append(
+        speech(cluster, "kokoro", unique("Spoken after all."))))
+    asking.start()
+    time.sleep(0.5)
+    os.kill(pid, signal.SIGKILL)
+    asking.join(timeout=180)
+    (answer,) = answers
+    assert answer.status_code == 200, answer.text
+    audio = decode(answer.content, "wav")
+    assert audio.sample_rate == 24000 and audio.duration > 1 and audio.rms > 0.01
+    assert in_replicas(ENGINES, os.getpid) != [pid]
