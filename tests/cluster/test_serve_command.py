@@ -72,3 +72,34 @@ def test_it_serves_without_redis_and_says_what_redis_would_share(command: Comman
     assert response.status_code == 200, response.text
     audio = decode(response.content, "wav")
     assert audio.duration > 1 and audio.rms > 0.01
+
+
+def test_sigterm_drains_the_stream_under_way_and_stops_cleanly(command: Command) -> None:
+    """SIGTERM while a stream is under way: the stream ends whole, then the command stops its
+    cluster and exits 0 (Ray's own handler used to abort it: exit 134)."""
+    text = " ".join(["The server is asked to stop while this sentence is spoken."] * 6)
+    with httpx.Client(base_url=command.url, timeout=120) as http, http.stream(
+        "POST", "/v1/audio/speech", json={"model": "piper", "input": text,
+                                          "response_format": "pcm"}) as response:
+        assert response.status_code == 200
+        chunks = response.iter_bytes()
+        body = next(chunks)
+        command.process.send_signal(signal.SIGTERM)
+        for chunk in chunks:
+            body += chunk
+    audio = decode(body, "pcm", pcm_rate=int(response.headers["x-sample-rate"]))
+    assert audio.duration > len(text) / 25
+    assert command.process.wait(timeout=90) == 0
+    log = command.log.read_text(errors="replace")
+    assert "Aborted" not in log and "Traceback" not in log, log[-3000:]
+    leftover = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _group(p) ==
+                command.process.pid]
+    assert not leftover, [(p / "cmdline").read_bytes() for p in leftover]
+
+
+def _group(proc: Path) -> int | None:
+    """The process group of a /proc entry (None if it is gone)."""
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
