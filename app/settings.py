@@ -151,7 +151,21 @@ class Settings(BaseSettings):
     ray_ingress_max_ongoing: int = Field(256, ge=1)
     """Requests (and open WebSockets) one ingress replica takes at once."""
     ray_engine_replicas: int = Field(1, ge=1)
-    """Replicas of the engine deployment; each holds up to `ray_models_per_replica` models."""
+    """Replicas of the engine deployment at least (and at start); each holds up to
+    `ray_models_per_replica` models."""
+    ray_engine_max_replicas: int = Field(4, ge=1)
+    """Serve's autoscaling adds engine replicas up to this many while requests wait; at or below
+    `ray_engine_replicas` there is no autoscaling (that many replicas, always)."""
+    ray_engine_target_ongoing: float | None = Field(None, gt=0)
+    """Requests (rendering and waiting) per engine replica that autoscaling aims at; empty: the
+    model's `concurrency`, so a request that would wait asks for another replica."""
+    ray_engine_upscale_delay: float = Field(5, ge=0)
+    """Seconds the load must stay above target before a replica is added."""
+    ray_engine_downscale_delay: float = Field(120, ge=0)
+    """Seconds the load must stay below target before a replica is removed."""
+    ray_engine_autoscaling: dict[str, float] = {}
+    """Further fields of Serve's `autoscaling_config` for the engine deployment, e.g.
+    `VOXMUX_RAY_ENGINE_AUTOSCALING__LOOK_BACK_PERIOD_S=10`."""
     ray_engine_cpus: float = Field(1, ge=0)
     """CPUs Ray reserves for each engine replica."""
     ray_models_per_replica: int = Field(2, ge=1)

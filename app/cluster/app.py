@@ -8,7 +8,8 @@ Serve admits and queues; the replicas only render. An engine replica runs `concu
 sessions at once (Serve's `max_ongoing_requests`), requests beyond wait in Serve's queue in front
 of the replicas, up to `queue_size` per ingress replica (`max_queued_requests`), and one more is a
 429 with `Retry-After`. Serve sends a model's requests to the replicas holding it while they have
-room, then places it on another replica.
+room, then places it on another replica, and its autoscaling adds engine replicas while requests
+wait (up to `ray_engine_max_replicas`) and removes them when the load has gone.
 """
 
 from __future__ import annotations
@@ -36,12 +37,29 @@ def absolute(settings: Settings) -> Settings:
     return settings.model_copy(update=update)
 
 
+def engine_scaling(settings: Settings) -> dict[str, Any]:
+    """How many engine replicas: Serve's autoscaling between `ray_engine_replicas` and
+    `ray_engine_max_replicas` (aiming at `ray_engine_target_ongoing` requests per replica), or a
+    fixed count when the two are equal."""
+    if settings.ray_engine_max_replicas <= settings.ray_engine_replicas:
+        return {"num_replicas": settings.ray_engine_replicas}
+    return {"autoscaling_config": {
+        "min_replicas": settings.ray_engine_replicas,
+        "initial_replicas": settings.ray_engine_replicas,
+        "max_replicas": settings.ray_engine_max_replicas,
+        "target_ongoing_requests": settings.ray_engine_target_ongoing or settings.concurrency,
+        "upscale_delay_s": settings.ray_engine_upscale_delay,
+        "downscale_delay_s": settings.ray_engine_downscale_delay,
+        **settings.ray_engine_autoscaling,
+    }}
+
+
 def build(settings: Settings, *, engine_options: dict[str, Any] | None = None,
           ingress_options: dict[str, Any] | None = None) -> Application:
     """The application for `settings`; the options override Serve deployment options."""
     settings = absolute(settings)
     engines = serve.deployment(name=ENGINES)(Engines).options(**{
-        "num_replicas": settings.ray_engine_replicas,
+        **engine_scaling(settings),
         "max_ongoing_requests": settings.concurrency,
         "max_queued_requests": settings.queue_size,
         "ray_actor_options": {"num_cpus": settings.ray_engine_cpus},

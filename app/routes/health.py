@@ -28,7 +28,8 @@ async def health(request: Request, service: ServiceDep) -> Health:
     if replicas is not None and service.fleet is not None:
         deployment = await service.fleet.deployment()
         cluster = cluster_report(replicas, deployment, service.shared_state())
-        ready = ready and bool(replicas) and not any(r.preloading for r in replicas)
+        # A replica added by autoscaling preloads while the others serve.
+        ready = ready and any(not r.preloading for r in replicas)
         if deployment.status == "UNHEALTHY":
             warnings.append(f"the engine deployment is unhealthy: {deployment.message}")
         elif ready and len(replicas) < deployment.running:

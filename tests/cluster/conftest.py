@@ -39,6 +39,7 @@ def cluster_settings(tmp: Path, **overrides: Any) -> Settings:
         "ray_object_store_bytes": OBJECT_STORE,
         "ray_engine_cpus": 0.5,
         "ray_ingress_cpus": 0,
+        "ray_engine_max_replicas": 1,  # a fixed count unless a test asks for autoscaling
         "request_timeout": 60,
     }
     values.update(overrides)

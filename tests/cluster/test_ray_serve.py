@@ -526,3 +526,40 @@ def test_a_request_its_dead_replica_never_answered_is_served_by_another(cluster:
     audio = decode(answer.content, "wav")
     assert audio.sample_rate == 24000 and audio.duration > 1 and audio.rms > 0.01
     assert in_replicas(ENGINES, os.getpid) != [pid]
+
+
+def running_engines(deployed: Deployed) -> int:
+    with deployed.client() as http:
+        deployment = http.get("/health").json()["cluster"]["deployment"]
+    return int(deployment["replica_states"].get("RUNNING", 0))
+
+
+def test_autoscaling_adds_an_engine_replica_under_load_and_removes_it_after(cluster: Deployed
+                                                                            ) -> None:
+    """Four clients streaming without pause to one replica that renders one request at a time:
+    Serve adds a second replica; once they stop, it goes (a short downscale delay here)."""
+    cluster.redeploy(ray_engine_replicas=1, ray_engine_max_replicas=2, ray_ingress_replicas=1,
+                     cache_url=None, cache_max_items=0, queue_size=16,
+                     ray_engine_upscale_delay=0, ray_engine_downscale_delay=2,
+                     ray_engine_autoscaling={"look_back_period_s": 2, "metrics_interval_s": 0.5})
+    assert running_engines(cluster) == 1
+    stop = threading.Event()
+    statuses: list[int] = []
+
+    def client() -> None:
+        while not stop.is_set():
+            response = speech(cluster, "piper", unique(" ".join(SENTENCES[:3])), fmt="pcm")
+            statuses.append(response.status_code)
+
+    clients = [threading.Thread(target=client) for _ in range(4)]
+    for thread in clients:
+        thread.start()
+    try:
+        assert until(lambda: running_engines(cluster) == 2, timeout=90, every=0.5)
+        assert until(lambda: len(cluster_state(cluster.url)) == 2, timeout=60)
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join(timeout=120)
+    assert statuses and set(statuses) == {200}
+    assert until(lambda: running_engines(cluster) == 1, timeout=90, every=0.5)
