@@ -168,6 +168,12 @@ class Settings(BaseSettings):
     `VOXMUX_RAY_ENGINE_AUTOSCALING__LOOK_BACK_PERIOD_S=10`."""
     ray_engine_cpus: float = Field(1, ge=0)
     """CPUs Ray reserves for each engine replica."""
+    ray_model_resources: dict[str, dict[str, float]] = {}
+    """Ray resources a model's engine replicas need, by model id, e.g.
+    `VOXMUX_RAY_MODEL_RESOURCES__KOKORO__GPU=1` or a custom resource a node was started with
+    (`ray start --resources '{"tts_big": 1}'`; names in lower case). Such a model gets an engine
+    deployment of its own (`VoxMuxEngines_<model>`, same sizing settings), whose replicas land
+    only on nodes that have them; the other models share `VoxMuxEngines`."""
     ray_models_per_replica: int = Field(2, ge=1)
     """Models one engine replica keeps loaded; the least recently used one is evicted (once its
     last request has ended) to make room."""

@@ -9,7 +9,9 @@ sessions at once (Serve's `max_ongoing_requests`), requests beyond wait in Serve
 of the replicas, up to `queue_size` per ingress replica (`max_queued_requests`), and one more is a
 429 with `Retry-After`. Serve sends a model's requests to the replicas holding it while they have
 room, then places it on another replica, and its autoscaling adds engine replicas while requests
-wait (up to `ray_engine_max_replicas`) and removes them when the load has gone.
+wait (up to `ray_engine_max_replicas`) and removes them when the load has gone. A model with
+resources of its own (`ray_model_resources`: a GPU, a node's custom resource) has an engine
+deployment of its own whose replicas Ray places only where those resources are.
 """
 
 from __future__ import annotations
@@ -58,20 +60,33 @@ def build(settings: Settings, *, engine_options: dict[str, Any] | None = None,
           ingress_options: dict[str, Any] | None = None) -> Application:
     """The application for `settings`; the options override Serve deployment options."""
     settings = absolute(settings)
-    engines = serve.deployment(name=ENGINES)(Engines).options(**{
-        **engine_scaling(settings),
-        "max_ongoing_requests": settings.concurrency,
-        "max_queued_requests": settings.queue_size,
-        "ray_actor_options": {"num_cpus": settings.ray_engine_cpus},
-        **(engine_options or {}),
-    }).bind(settings)
+
+    def engine_deployment(name: str, resources: dict[str, float], models: list[str] | None
+                          ) -> Application:
+        return serve.deployment(name=name)(Engines).options(**{
+            **engine_scaling(settings),
+            "max_ongoing_requests": settings.concurrency,
+            "max_queued_requests": settings.queue_size,
+            "ray_actor_options": {"num_cpus": settings.ray_engine_cpus, "resources": resources},
+            **(engine_options or {}),
+        }).bind(settings, models)
+
+    placed = settings.ray_model_resources
+    engines = engine_deployment(ENGINES, {}, None)
+    pinned = {model: engine_deployment(placed_name(model), resources, [model])
+              for model, resources in placed.items()}
     ingress: Application = serve.deployment(name=INGRESS)(serve.ingress()(Ingress)).options(**{
         "num_replicas": settings.ray_ingress_replicas,
         "max_ongoing_requests": settings.ray_ingress_max_ongoing,
         "ray_actor_options": {"num_cpus": settings.ray_ingress_cpus},
         **(ingress_options or {}),
-    }).bind(settings, engines)
+    }).bind(settings, engines, pinned)
     return ingress
+
+
+def placed_name(model: str) -> str:
+    """The engine deployment of a model placed by resources."""
+    return f"{ENGINES}_{model}"
 
 
 def build_app(args: dict[str, str]) -> Application:

@@ -68,11 +68,15 @@ class Resident:
 
 
 class Engines:
-    async def __init__(self, settings: Settings) -> None:  # type: ignore[misc]
+    async def __init__(self, settings: Settings,  # type: ignore[misc]
+                       models: list[str] | None = None) -> None:
+        """`models`: the only models this deployment serves (placed by resources); None: any
+        the ingress sends."""
         # An async constructor (Serve awaits it): its tasks start on the replica's loop.
         from app.main import build_registry, runtime_options  # the same wiring as one process
 
         self.settings = settings
+        self._models = models
         # Residency is Serve's multiplex LRU: no bound and no idle TTL of the registry's own.
         cpus = ray.get_runtime_context().get_assigned_resources().get(  # type: ignore[no-untyped-call]
             "CPU", 0.0)
@@ -125,9 +129,15 @@ class Engines:
             log.info("model %s unloaded after its eviction", model_id)
         self._touch()
 
+    def _serves(self, model_id: str) -> bool:
+        if self._models is not None:
+            return model_id in self._models
+        return model_id not in self.settings.ray_model_resources
+
     async def _preload_models(self) -> None:
         try:
-            for model_id in self.settings.preload[: self.settings.ray_models_per_replica]:
+            wanted = [m for m in self.settings.preload if self._serves(m)]
+            for model_id in wanted[: self.settings.ray_models_per_replica]:
                 if model_id not in self.registry:
                     continue
                 try:

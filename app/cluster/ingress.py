@@ -42,11 +42,13 @@ class ClusterHeaders:
 
 
 class Ingress:
-    def __init__(self, settings: Settings, engines: Any) -> None:
+    def __init__(self, settings: Settings, engines: Any, placed: dict[str, Any]) -> None:
+        """`engines`: the engine deployment's handle; `placed`: those of the models placed by
+        resources, by model id."""
         self.settings = settings
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.renderer = RayRenderer(engines, open_cancels(settings.cache_url, self.replica),
-                                    settings.request_timeout)
+                                    settings.request_timeout, placed)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         from app.main import create_app

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import math
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
@@ -51,8 +52,11 @@ class RayRenderer:
     deployment, its status is Serve's (`serve.status()`) and the replicas' own metrics
     (`app.cluster.reports`), cancels travel through `cancels`."""
 
-    def __init__(self, engines: Any, cancels: Cancels, timeout: float) -> None:
+    def __init__(self, engines: Any, cancels: Cancels, timeout: float,
+                 placed: dict[str, Any] | None = None) -> None:
         self._engines = engines
+        self._placed = placed or {}
+        """Handles of the engine deployments of models placed by resources."""
         self._cancels = cancels
         self.shared_cancel = cancels.shared
         self.timeout = timeout
@@ -72,7 +76,8 @@ class RayRenderer:
     def call(self, work: RenderWork, segments: tuple[str, ...]) -> Any:
         request = RenderRequest(work.ticket, work.model_id, work.voice, work.native_speed,
                                 work.stretch, work.language, segments, work.timings, work.client)
-        options = self._engines.options(multiplexed_model_id=work.model_id, stream=True)
+        handle = self._placed.get(work.model_id, self._engines)
+        options = handle.options(multiplexed_model_id=work.model_id, stream=True)
         return options.render.remote(request)
 
     def retry_after(self) -> int:
@@ -80,20 +85,31 @@ class RayRenderer:
 
     # -- status ------------------------------------------------------------------------------
 
+    def _deployments(self) -> list[str]:
+        return [h.deployment_name for h in (self._engines, *self._placed.values())]
+
     async def replicas(self) -> list[ReplicaState]:
-        return await read_replicas(self._engines.app_name, self._engines.deployment_name)
+        return await read_replicas(self._engines.app_name, set(self._deployments()))
 
     async def deployment(self) -> DeploymentStatus:
+        """The engine deployments as one: the worst status, replicas by state summed."""
         from ray import serve
 
         status = await asyncio.to_thread(serve.status)
         app = status.applications.get(self._engines.app_name)
-        engines = app.deployments.get(self._engines.deployment_name) if app else None
-        if engines is None:
+        found = [app.deployments[name] for name in self._deployments()
+                 if app is not None and name in app.deployments]
+        if not found:
             return DeploymentStatus("NOT_FOUND", {}, "the engine deployment is not running")
-        states = {str(getattr(state, "value", state)): count
-                  for state, count in engines.replica_states.items()}
-        return DeploymentStatus(str(engines.status.value), states, engines.message)
+        states: Counter[str] = Counter()
+        for engines in found:
+            states.update({str(getattr(state, "value", state)): count
+                           for state, count in engines.replica_states.items()})
+        statuses = [str(e.status.value) for e in found]
+        worst = next((s for s in ("UNHEALTHY", "DEPLOY_FAILED", "UPDATING", "UPSCALING",
+                                  "DOWNSCALING") if s in statuses), statuses[0])
+        return DeploymentStatus(worst, dict(states),
+                                "; ".join(e.message for e in found if e.message))
 
     async def cancel(self, request_id: str) -> int:
         return await self._cancels.cancel(request_id)

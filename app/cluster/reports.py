@@ -69,8 +69,8 @@ class ReplicaGauges:
         self._seen.set(state.updated, tags=self._node)
 
 
-def parse(texts: list[str], application: str, deployment: str) -> list[ReplicaState]:
-    """The replicas of `deployment` in metrics texts (one per node), freshest report each."""
+def parse(texts: list[str], application: str, deployments: set[str]) -> list[ReplicaState]:
+    """The replicas of `deployments` in metrics texts (one per node), freshest report each."""
     seen: dict[str, tuple[float, str]] = {}
     preloading: dict[str, bool] = {}
     values: defaultdict[str, defaultdict[str, dict[str, float]]] = defaultdict(
@@ -80,7 +80,8 @@ def parse(texts: list[str], application: str, deployment: str) -> list[ReplicaSt
             for sample in family.samples:
                 labels = sample.labels
                 if (labels.get("application") != application
-                        or labels.get("deployment") != deployment or "replica" not in labels):
+                        or labels.get("deployment") not in deployments
+                        or "replica" not in labels):
                     continue
                 replica = labels["replica"]
                 if sample.name == "ray_" + SEEN:
@@ -112,7 +113,7 @@ def parse(texts: list[str], application: str, deployment: str) -> list[ReplicaSt
     return sorted(states, key=lambda s: s.id)
 
 
-async def read_replicas(application: str, deployment: str) -> list[ReplicaState]:
+async def read_replicas(application: str, deployments: set[str]) -> list[ReplicaState]:
     """The engine replicas' last reports, from the metrics endpoint of every live node."""
     import ray
 
@@ -123,4 +124,4 @@ async def read_replicas(application: str, deployment: str) -> list[ReplicaState]
         answers = await asyncio.gather(*(http.get(url) for url in urls),
                                        return_exceptions=True)
     texts = [a.text for a in answers if isinstance(a, httpx.Response) and a.is_success]
-    return parse(texts, application, deployment)
+    return parse(texts, application, deployments)

@@ -87,3 +87,17 @@ def until(check: Any, timeout: float = 30, every: float = 0.2) -> Any:
         time.sleep(every)
 
 
+
+
+def in_replicas(deployment: str, check: Any) -> list[Any]:
+    """`check()` run inside every replica of `deployment` (its actor, through Ray)."""
+    import ray
+
+    from app.cluster.app import APP_NAME
+
+    results = []
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["name"].startswith(f"SERVE_REPLICA::{APP_NAME}#{deployment}#"):
+            handle = ray.get_actor(actor["name"], namespace=actor["namespace"])
+            results.append(ray.get(handle.__ray_call__.remote(lambda _: check())))
+    return results

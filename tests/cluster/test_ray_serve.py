@@ -27,7 +27,14 @@ from websockets.sync.client import connect
 
 from app.cluster import launch
 from app.settings import Settings
-from tests.cluster.conftest import cluster_settings, cluster_state, holders, until, wait_healthy
+from tests.cluster.conftest import (
+    cluster_settings,
+    cluster_state,
+    holders,
+    in_replicas,
+    until,
+    wait_healthy,
+)
 from tests.conftest import decode
 from tests.hearing import hear, word_error_rate
 from tests.redisserver import redis_server
@@ -113,20 +120,6 @@ def test_serve_runs_the_ingress_and_the_engines_only(cluster: Deployed) -> None:
     with cluster.client() as http:
         deployment = http.get("/health").json()["cluster"]["deployment"]
     assert deployment["status"] == "HEALTHY" and deployment["replica_states"] == {"RUNNING": 2}
-
-
-def in_replicas(deployment: str, check: Any) -> list[Any]:
-    """`check()` run inside every replica of `deployment` (its actor, through Ray)."""
-    import ray
-
-    from app.cluster.app import APP_NAME
-
-    results = []
-    for actor in ray.util.list_named_actors(all_namespaces=True):
-        if actor["name"].startswith(f"SERVE_REPLICA::{APP_NAME}#{deployment}#"):
-            handle = ray.get_actor(actor["name"], namespace=actor["namespace"])
-            results.append(ray.get(handle.__ray_call__.remote(lambda _: check())))
-    return results
 
 
 def onnxruntime_imported() -> bool:

@@ -31,7 +31,7 @@ def test_live_replicas_of_the_deployment_are_read_back() -> None:
         exported("c", now, "piper", ModelStatus.READY, 0, deployment="Other"),
         exported("d", now, "espeak", ModelStatus.UNLOADED, 0),  # holds nothing
     ]
-    replicas = parse(texts, "voxmux", "VoxMuxEngines")
+    replicas = parse(texts, "voxmux", {"VoxMuxEngines"})
     assert [r.id for r in replicas] == ["a", "d"]
     (piper,) = replicas[0].models.values()
     assert replicas[0].holds == ["piper"] and replicas[0].node == "n1"
