@@ -78,8 +78,8 @@ class Engines:
         self.settings = settings
         self._models = models
         # Residency is Serve's multiplex LRU: no bound and no idle TTL of the registry's own.
-        cpus = ray.get_runtime_context().get_assigned_resources().get(  # type: ignore[no-untyped-call]
-            "CPU", 0.0)
+        granted = ray.get_runtime_context().get_assigned_resources
+        cpus = granted().get("CPU", 0.0)  # type: ignore[no-untyped-call]
         local = settings.model_copy(update={
             "max_loaded": None, "idle_ttl": -1, "model_ttl": {},
             "intra_op_threads": intra_op_threads(settings.intra_op_threads, cpus)})
