@@ -26,6 +26,10 @@ class JobNotReady(VoxMuxError):
     """The job (or the chapter asked for) has not finished yet."""
 
 
+class StoreUnavailable(VoxMuxError):
+    """The job store could not be opened at start (its data dir is not writable)."""
+
+
 class DiskFull(VoxMuxError):
     """The job store's disk bound (or the disk itself) has no room for the next segment."""
 

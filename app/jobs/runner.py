@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -29,7 +30,15 @@ import numpy as np
 
 from app.audio.encoders import to_pcm16
 from app.http.errors import error_body
-from app.jobs.model import DiskFull, Item, Job, JobKind, Progress, Segment
+from app.jobs.model import (
+    DiskFull,
+    Item,
+    Job,
+    JobKind,
+    Progress,
+    Segment,
+    StoreUnavailable,
+)
 from app.jobs.store import JobStore, WordRow
 from app.serving.events import SegmentEnd, SegmentWords
 from app.serving.service import SpeechService
@@ -67,12 +76,30 @@ class JobRunner:
         self._runs: dict[str, _Run] = {}
         self._changed: dict[str, asyncio.Event] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self.unavailable: str | None = None
+        """Why the store could not be opened, if it could not."""
+
+    def available(self) -> JobRunner:
+        """Itself, once its store is open; else `StoreUnavailable` (503)."""
+        if self.unavailable is not None or not hasattr(self, "store"):
+            raise StoreUnavailable(self.unavailable or "The job store is not open yet")
+        return self
 
     # -- lifetime ----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Open the store, queue the jobs the last process left, start the workers. A store
+        that cannot be opened (a read-only data dir) leaves the server serving everything but
+        jobs, which answer 503 (`available`)."""
         settings = self.settings
-        self.store = await asyncio.to_thread(JobStore, settings.data_dir, settings.jobs_max_bytes)
+        try:
+            self.store = await asyncio.to_thread(JobStore, settings.data_dir,
+                                                 settings.jobs_max_bytes)
+        except (OSError, sqlite3.Error) as exc:
+            self.unavailable = (f"The job store in {settings.data_dir} cannot be opened ({exc}); "
+                                "set VOXMUX_DATA_DIR to a writable directory")
+            log.error("jobs: %s", self.unavailable)
+            return
         for job_id in self.store.interrupted():
             self.store.set_status(job_id, "queued")
             self._queue.put_nowait(job_id)

@@ -42,7 +42,7 @@ router = APIRouter(tags=["jobs"])
 
 def _runner(request: Request) -> JobRunner:
     runner: JobRunner = request.app.state.jobs
-    return runner
+    return runner.available()
 
 
 OwnerDep = Annotated[str, Depends(owner_of)]
@@ -66,13 +66,13 @@ def _job(runner: JobRunner, job_id: str, owner: str) -> Job:
 @router.post("/v1/audio/batch", responses={**ERROR_RESPONSES, 202: {"model": JobCard}},
              response_class=Response)
 async def create_batch(body: BatchRequest, request: Request, service: ServiceDep,
-                       runner: RunnerDep, owner: OwnerDep, request_id: RequestIdDep,
-                       client: ClientDep) -> Response:
+                       owner: OwnerDep, request_id: RequestIdDep, client: ClientDep) -> Response:
     settings = service.settings
     if len(body.items) > settings.batch_max_job_items:
         raise InvalidParameter(f"A batch takes at most {settings.batch_max_job_items} items",
                                param="items")
     if len(body.items) > settings.batch_max_items:
+        runner = _runner(request)  # only a batch that becomes a job needs the store
         items = await asyncio.to_thread(batch_items, service, body.items)
         job = await runner.create(owner, "batch", {"items": len(items)}, items)
         return JSONResponse(card(runner, job).model_dump(), status_code=202,

@@ -21,6 +21,7 @@ from app.http.deps import ClientDep, RequestIdDep, ServiceDep
 from app.http.errors import kind_of
 from app.jobs import book
 from app.jobs.front import card, owner_of, start_job
+from app.jobs.runner import JobRunner
 from app.protocols.schemas import JobRequest
 from app.resources import STATIC, TEMPLATES
 from app.routes import studio_audio
@@ -96,10 +97,14 @@ async def _context(request: Request, service: SpeechService, blocks: tuple[str, 
                     if "voice" in query else blend_editor.rows)
             ctx["mix"] = mix(service, blend_editor.model, rows)
     if allowed.synthesis and "jobs" in blocks:
-        runner = request.app.state.jobs
-        jobs = runner.store.jobs(owner_of(request))[-JOBS_SHOWN:][::-1]
-        ctx["jobs"] = [card(runner, job, chapters=True) for job in jobs]
+        runner: JobRunner = request.app.state.jobs
         ctx["chapters_shown"] = CHAPTERS_SHOWN
+        if runner.unavailable is None:
+            jobs = runner.store.jobs(owner_of(request))[-JOBS_SHOWN:][::-1]
+            ctx["jobs"] = [card(runner, job, chapters=True) for job in jobs]
+        else:
+            ctx.setdefault("job_notice", runner.unavailable)
+            ctx.setdefault("job_error", True)
     if allowed.admin and "stats" in blocks:
         ctx["stats"] = await service.report()
     if allowed.admin and "requests" in blocks:
@@ -156,7 +161,7 @@ async def start_studio_job(
             "model": model, "voice": voice.strip() or None, "input": source,
             "input_format": fmt, "response_format": format,
             "title": title.strip() or (file.filename if file is not None else None) or None})
-        job = await start_job(request.app.state.jobs, owner_of(request), body)
+        job = await start_job(request.app.state.jobs.available(), owner_of(request), body)
         notice = f"Started {job.id}."
     except ValidationError as exc:
         status, notice = 400, "; ".join(str(e["msg"]) for e in exc.errors())
@@ -170,8 +175,8 @@ async def start_studio_job(
              dependencies=[Depends(from_htmx)])
 async def cancel_studio_job(job_id: str, request: Request, service: ServiceDep,
                             pages: PagesDep) -> HTMLResponse:
-    runner = request.app.state.jobs
-    job = runner.store.job(job_id)
+    runner: JobRunner = request.app.state.jobs
+    job = runner.store.job(job_id) if runner.unavailable is None else None
     if job is not None and job.owner == owner_of(request) and access(request).synthesis:
         runner.cancel(job)
     ctx = await _context(request, service, ("jobs",))

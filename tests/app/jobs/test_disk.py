@@ -17,6 +17,7 @@ from app.jobs.model import DiskFull, Item, ItemOptions, Job, Segment
 from app.jobs.store import JobStore
 from tests.app.jobs.conftest import wait_job
 from tests.app.jobs.test_resume import server
+from tests.conftest import start_server, test_settings
 
 TEXT = "The store fills up long before this story ends. " * 200
 
@@ -75,3 +76,25 @@ def test_a_job_whose_text_does_not_fit_is_refused(tmp_path: Path) -> None:
         store.create(Job("job_big", "anonymous", "book", "queued", 0, 0, {}),
                      [Item(0, "", text, ItemOptions("espeak"))], [Segment(0, 0, 0, text, 0)])
     assert store.job("job_big") is None and store.used == 0
+
+
+def test_a_data_dir_that_cannot_be_written_leaves_everything_but_jobs_serving(
+        tmp_path: Path) -> None:
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("a file where the data dir should be")
+    live = start_server(test_settings(tmp_path, preload=["espeak"], data_dir=blocked))
+    try:
+        with live.client() as client:
+            job = client.post("/v1/audio/jobs", json={"model": "espeak", "input": "Hello."})
+            assert job.status_code == 503
+            assert job.json()["error"]["code"] == "job_store_unavailable"
+            assert client.get("/v1/audio/jobs").status_code == 503
+            batch = client.post("/v1/audio/batch", json={"items": [
+                {"model": "espeak", "input": "Still fine."}]})
+            assert batch.status_code == 200
+            speech = client.post("/v1/audio/speech", json={"model": "espeak", "input": "Hi."})
+            assert speech.status_code == 200
+            panel = client.get("/studio/fragments/jobs")
+            assert panel.status_code == 286 and "cannot be opened" in panel.text
+    finally:
+        live.stop()
