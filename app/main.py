@@ -15,6 +15,7 @@ from app.routes import (
     cancel,
     captioned,
     health,
+    lexicons,
     models,
     monitoring,
     native,
@@ -122,7 +123,7 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
     app.state.runtime = runtime
     edge.install(app, settings)
     guarded = [Depends(require_synthesis)]  # WebSocket routes call authorize_websocket instead
-    for module in (speech, captioned, models, cancel, native):
+    for module in (speech, captioned, models, cancel, native, lexicons):
         app.include_router(module.router, dependencies=guarded)
     for module in (health, ws, monitoring, session):
         app.include_router(module.router)

@@ -43,6 +43,11 @@ class SpeechOptions(Strict):
     instructions: str | None = None
     speed: float = Field(1.0, ge=0.25, le=4.0)
     language: str | None = Field(None, description="Override the detected language (e.g. ja)")
+    input_format: Literal["text", "ssml"] | None = Field(
+        None, description="`ssml`: the input is SSML (also detected from a leading `<speak>`)")
+    normalization_report: bool = Field(
+        False, description="Report what each span was read as (say-as, sub, phoneme, lexicon) "
+        "in the `X-VoxMux-Normalization` header")
 
     @property
     def voice_id(self) -> str | None:
@@ -51,7 +56,8 @@ class SpeechOptions(Strict):
     def plan_fields(self) -> dict[str, Any]:
         """The keyword arguments of `SpeechService.plan` these options set."""
         return {"model": self.model, "voice": self.voice_id, "speed": self.speed,
-                "language": self.language, "instructions": self.instructions}
+                "language": self.language, "instructions": self.instructions,
+                "input_format": self.input_format, "report": self.normalization_report}
 
 
 Timestamps = Literal["word"]
@@ -157,6 +163,18 @@ class WsTextMessage(Strict):
 
     type: Literal["text", "flush", "end", "cancel"] = "text"
     text: str = ""
+
+
+class LexiconBody(Strict):
+    """A lexicon's content: `entries` map a word to `/ipa/` or a respelling."""
+
+    language: str = Field("en", min_length=2, max_length=16)
+    scope: str = Field("", description="Empty (every model), a model id, or `model:voice`")
+    entries: dict[str, str]
+
+
+class LexiconCreate(LexiconBody):
+    name: str = Field(min_length=1, max_length=64)
 
 
 class ErrorInfo(BaseModel):
