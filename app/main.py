@@ -11,10 +11,13 @@ from fastapi import Depends, FastAPI
 
 from app.http import edge
 from app.http.auth import require_synthesis
+from app.jobs.outputs import Outputs, keep_job
+from app.jobs.runner import JobRunner
 from app.routes import (
     cancel,
     captioned,
     health,
+    jobs,
     lexicons,
     models,
     monitoring,
@@ -99,6 +102,9 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
     check_providers(runtime)  # a missing CUDA shows in /health before the first model loads
     registry = build_registry(settings, catalogue, runtime)
     service = SpeechService(settings, registry, renderer=renderer, fleet=fleet)
+    outputs = Outputs(settings.outputs_dir) if settings.outputs_dir else None
+    runner = JobRunner(service, settings, on_done=None if outputs is None else (
+        lambda store, job: keep_job(outputs, store, job, settings.chapter_pause_ms)))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -108,9 +114,11 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
         else:  # the engine replicas preload; /health waits for their reports
             app.state.ready.set()
             task = asyncio.create_task(fleet.watch_cancels(service.cancel))
+        await runner.start()
         try:
             yield
         finally:
+            await runner.stop()
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             service.close()
@@ -121,9 +129,11 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
     app.state.settings = settings
     app.state.service = service
     app.state.runtime = runtime
+    app.state.jobs = runner
+    app.state.outputs = outputs
     edge.install(app, settings)
     guarded = [Depends(require_synthesis)]  # WebSocket routes call authorize_websocket instead
-    for module in (speech, captioned, models, cancel, native, lexicons):
+    for module in (speech, captioned, models, cancel, native, jobs, lexicons):
         app.include_router(module.router, dependencies=guarded)
     for module in (health, ws, monitoring, session):
         app.include_router(module.router)

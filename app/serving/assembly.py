@@ -49,8 +49,9 @@ class Assembly:
         self._rate = plan.sample_rate
         self._samples = 0
         """Samples joined so far: where the next piece starts on the job's clock."""
-        self._previous: str | None = None
-        self._previous_index = -1
+        self._previous: str | None = plan.segments[plan.start - 1] if plan.start else None
+        """The segment before the next: a resumed plan's next piece has its pause too."""
+        self._previous_index = plan.start - 1
         self._tail = 0
         """Silent samples at the end of the last piece (a break counts them in)."""
 

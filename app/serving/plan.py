@@ -35,6 +35,12 @@ class SpeechPlan:
     """Where each of `segments` starts in `text` (segments are slices of it)."""
     client: str = ""
     """Who asked (`app.http.clients`): a model's places and turns are shared out by client."""
+    start: int = 0
+    """The first segment to render: a resumed long-form job has the ones before (`app.jobs`)."""
+    background: bool = False
+    """A long-form job's: its segments yield the engine to interactive requests."""
+    cacheable: bool = True
+    """Whether the audio cache may serve or keep the response."""
     prepared: Prepared | None = None
     """SSML compiled and lexicons applied: `text` is then what the engines read, and word spans
     are moved back into the client's text (`prepared.source`)."""

@@ -70,6 +70,8 @@ class RenderWork:
     """Told why a segment is being abandoned (a timeout), before the engine has stopped."""
     rendered: Callable[[], None] = lambda: None
     """Called in the engine thread after each segment (the job samples its memory there)."""
+    background: bool = False
+    """A long-form job's work: its segments wait while interactive requests want the engine."""
 
 
 Words = tuple[WordTiming, ...]
@@ -184,7 +186,8 @@ class _LocalSession:
         work, loop = self._work, asyncio.get_running_loop()
         engine = await self._hold()
         deadline = loop.time() + self._timeout
-        async with self._lane.turn(work.ticket, self._timeout, work.client) as turn:
+        async with self._lane.turn(work.ticket, self._timeout, work.client,
+                                   work.background) as turn:
             work.progress("running")
             remaining = max(0.001, deadline - loop.time())
             call = functools.partial(render_segment, engine, text, work)

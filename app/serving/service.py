@@ -158,15 +158,9 @@ class SpeechService:
         plan.internal = internal
         plan.client = client
         plan.report = report
-        most = plan.engine.capabilities.max_segment_chars
 
         def split(piece: str) -> list[str]:
-            return split_text(
-                piece,
-                max_chars=most,
-                first_max_chars=most if whole else self.settings.first_segment_chars,
-                growth=self.settings.segment_growth,
-            )
+            return self.cut(plan, piece, whole=whole)
 
         self._validate_voice(plan, "Hello.")
         lexicon = None if internal else self.lexicons.for_request(
@@ -187,6 +181,46 @@ class SpeechService:
         else:
             plan.segments = split(text)
             plan.offsets = segment_offsets(text, plan.segments)
+        self._validate_voice(plan, plan.segments[0])
+        return plan
+
+    def cut(self, plan: SpeechPlan, text: str, *, whole: bool = True,
+            most: int | None = None) -> list[str]:
+        """`text` in the segments `plan`'s engine is given, each at most `most` characters (and
+        never over the engine's limit)."""
+        limit = plan.engine.capabilities.max_segment_chars
+        most = min(most, limit) if most else limit
+        return split_text(
+            text,
+            max_chars=most,
+            first_max_chars=most if whole else self.settings.first_segment_chars,
+            growth=self.settings.segment_growth,
+        )
+
+    def plan_long(self, *, model: str, text: str, segments: list[str] | None = None,
+                  offsets: list[int] | None = None, voice: str | None = None,
+                  speed: float = 1.0, language: str | None = None,
+                  instructions: str | None = None, request_id: str | None = None,
+                  client: str = "", start: int = 0) -> SpeechPlan:
+        """A part of a long-form job (`app.jobs`): any length, packed like a whole file, word
+        timings where the engine has them, never cached, its segments yielding the engine to
+        interactive requests. `segments` and `offsets`, when given, are the cut made when the job
+        was made, so a resumed job renders exactly the segments it planned; `start` is the first
+        still to render."""
+        if not any(ch.isalnum() for ch in text):
+            raise InvalidParameter(
+                "'input' must contain text to speak (letters or digits)", param="input"
+            )
+        handle = self.registry.resolve(model)
+        plan = self._plan(model, text, voice, speed, language, instructions, request_id,
+                          timestamps=isinstance(handle.engine, TimedEngine))
+        plan.client = client
+        plan.segments = segments if segments is not None else self.cut(
+            plan, text, most=self.settings.jobs_segment_chars)
+        plan.offsets = offsets if offsets is not None else segment_offsets(text, plan.segments)
+        plan.start = start
+        plan.background = True
+        plan.cacheable = False
         self._validate_voice(plan, plan.segments[0])
         return plan
 

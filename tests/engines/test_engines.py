@@ -134,3 +134,39 @@ def test_piper_slows_down_to_the_asked_tempo() -> None:
     finally:
         engine.unload()
     assert all(abs(error) <= 0.015 for error in off.values()), off
+
+
+ESPEAK_TEXTS = ("The quick brown fox jumps over the lazy dog. It was a bright cold day.",
+                "Chapter two. The clocks were striking thirteen, and nobody minded.")
+ESPEAK_SAME = """
+import hashlib, sys
+from engines.espeak import EspeakEngine
+from engines.base import SynthesisRequest
+engine = EspeakEngine()
+engine.load()
+audio = engine.synthesize(SynthesisRequest(text=sys.argv[1], voice=sys.argv[2]))
+print(hashlib.sha256(audio.tobytes()).hexdigest())
+"""
+
+
+@pytest.mark.parametrize("voice", ["en-us", "en-gb+f3"])  # Klatt variants: not reproducible
+def test_espeak_speaks_a_text_the_same_every_time(voice: str) -> None:
+    """A long job resumed in a new process must match an uninterrupted one: eSpeak NG's pitch
+    flutter used to run on from one call to the next (the same text, other samples)."""
+    import hashlib
+    import subprocess
+    import sys
+
+    engine = EspeakEngine()
+    engine.load()
+
+    def say(text: str) -> str:
+        audio = engine.synthesize(SynthesisRequest(text=text, voice=voice))
+        return hashlib.sha256(audio.tobytes()).hexdigest()
+
+    first = say(ESPEAK_TEXTS[0])
+    say(ESPEAK_TEXTS[1])
+    assert say(ESPEAK_TEXTS[0]) == first
+    fresh = subprocess.run([sys.executable, "-c", ESPEAK_SAME, ESPEAK_TEXTS[0], voice],
+                           capture_output=True, text=True, check=True)
+    assert fresh.stdout.strip() == first
