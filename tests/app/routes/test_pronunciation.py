@@ -127,6 +127,16 @@ def test_timings_of_an_ssml_request_point_into_the_ssml(live: LiveServer) -> Non
     assert next(r for r in report if r["by"] == "sub")["read_as"] == "World Wide Web Consortium"
 
 
+def test_the_native_route_reads_ssml_too(live: LiveServer) -> None:
+    with live.client() as client:
+        response = client.post("/v1/synth", json={
+            "model": "espeak", "input": '<speak>Good morning.<break time="1s"/>Good night.'
+                                        '</speak>'})
+    assert response.status_code == 200, response.text
+    audio = decode(response.content, "wav")
+    assert abs(max(_silences(audio.samples, audio.sample_rate)) - 1.0) <= 0.02
+
+
 def test_unsupported_markup_is_read_with_a_warning(live: LiveServer) -> None:
     audio, response = _speak(live, "espeak", '<speak><emphasis>Really</emphasis> '
                              '<audio src="x.wav">a bell</audio> [click](/ʘa/).</speak>')
