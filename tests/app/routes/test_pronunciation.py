@@ -127,6 +127,21 @@ def test_timings_of_an_ssml_request_point_into_the_ssml(live: LiveServer) -> Non
     assert next(r for r in report if r["by"] == "sub")["read_as"] == "World Wide Web Consortium"
 
 
+def test_captions_of_ssml_quote_the_text_without_its_markup(live: LiveServer) -> None:
+    ssml = ('<speak>The <sub alias="World Wide Web Consortium">W3C</sub> met.'
+            '<break time="500ms"/> Then it rained.</speak>')
+    with live.client() as client:
+        response = client.post("/v1/audio/captioned_speech", json={
+            "model": "espeak", "input": ssml, "stream": False, "captions": "vtt",
+            "response_format": "wav"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert [w["word"] for w in body["timestamps"]] == ["The", "W3C", "met", "Then", "it",
+                                                       "rained"]
+    captions = body["captions"]
+    assert "W3C met." in captions and "Then it rained." in captions and "<" not in captions
+
+
 def test_the_native_route_reads_ssml_too(live: LiveServer) -> None:
     with live.client() as client:
         response = client.post("/v1/synth", json={
