@@ -5,6 +5,7 @@ them with a `manifest.json`. Blocking: run off the event loop."""
 from __future__ import annotations
 
 import json
+import threading
 import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -20,6 +21,9 @@ from app.protocols.timestamps import CaptionFormat, captions
 from engines.base import Audio, WordTiming
 
 ZIP_NAME = "result.zip"
+_ZIP_LOCK = threading.Lock()
+"""One ZIP made at a time: the outputs directory's copy and a client's GET may ask for the same
+job's ZIP at once (they raced on one temporary file)."""
 
 
 def encoder(fmt: str, rate: int) -> StreamEncoder:
@@ -107,9 +111,14 @@ def write_zip(target: Any, members: Iterable[tuple[str, bytes]], manifest: dict[
 
 def job_zip(store: JobStore, job: Job) -> Path:
     """The finished job's ZIP (made once, kept in its folder, counted against the bound)."""
-    path = store.file(job.id, ZIP_NAME)
-    if path.exists():
-        return path
+    with _ZIP_LOCK:
+        path = store.file(job.id, ZIP_NAME)
+        if path.exists():
+            return path
+        return _make_zip(store, job, path)
+
+
+def _make_zip(store: JobStore, job: Job, path: Path) -> Path:
     items = store.items(job.id)
     entries: list[dict[str, Any]] = []
 

@@ -185,6 +185,8 @@ class JobRunner:
                     raise
                 if run.cancelling:  # cancelled before it first ran
                     self.store.set_status(job_id, "cancelled")
+            except Exception:  # the store failed under the job: the next job still runs
+                log.exception("job %s: the runner failed", job_id)
             finally:
                 self._runs.pop(job_id, None)
                 self._notify(job_id)
