@@ -99,7 +99,8 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
     settings = settings or Settings()
     catalogue = Catalogue.load(settings.catalogue_path)
     runtime = runtime_options(settings)
-    check_providers(runtime)  # a missing CUDA shows in /health before the first model loads
+    if renderer is None:  # a missing CUDA shows in /health before the first model loads
+        check_providers(runtime)  # (on a cluster the engine replicas run onnxruntime, not here)
     registry = build_registry(settings, catalogue, runtime)
     service = SpeechService(settings, registry, renderer=renderer, fleet=fleet)
     outputs = Outputs(settings.outputs_dir) if settings.outputs_dir else None

