@@ -152,6 +152,25 @@ def test_the_native_route_reads_ssml_too(live: LiveServer) -> None:
     assert abs(max(_silences(audio.samples, audio.sample_rate)) - 1.0) <= 0.02
 
 
+def test_the_websocket_route_reads_ssml_and_sends_words_in_it(live: LiveServer) -> None:
+    from websockets.sync.client import connect
+
+    ssml = '<speak>Say <sub alias="hello">hi</sub>.<break time="400ms"/> Bye.</speak>'
+    with connect(live.url.replace("http", "ws") + "/ws/v1/tts") as ws:
+        ws.send(json.dumps({"model": "espeak", "input": ssml, "timestamps": "word"}))
+        frames = []
+        while True:
+            frame = ws.recv()
+            if isinstance(frame, str):
+                frames.append(json.loads(frame))
+                if frames[-1]["type"] in ("done", "error"):
+                    break
+    assert frames[-1]["type"] == "done", frames[-1]
+    words = [w for f in frames if f["type"] == "words" for w in f["words"]]
+    assert [(w["word"], ssml[w["char_start"]:w["char_end"]]) for w in words] == [
+        ("Say", "Say"), ("hi", "hi"), ("Bye", "Bye")]
+
+
 def test_unsupported_markup_is_read_with_a_warning(live: LiveServer) -> None:
     audio, response = _speak(live, "espeak", '<speak><emphasis>Really</emphasis> '
                              '<audio src="x.wav">a bell</audio> [click](/ʘa/).</speak>')
