@@ -18,6 +18,7 @@ from app.routes import (
     captioned,
     health,
     jobs,
+    lexicons,
     models,
     monitoring,
     native,
@@ -133,7 +134,7 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
     app.state.outputs = outputs
     edge.install(app, settings)
     guarded = [Depends(require_synthesis)]  # WebSocket routes call authorize_websocket instead
-    for module in (speech, captioned, models, cancel, native, jobs):
+    for module in (speech, captioned, models, cancel, native, jobs, lexicons):
         app.include_router(module.router, dependencies=guarded)
     for module in (health, ws, monitoring, session):
         app.include_router(module.router)

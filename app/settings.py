@@ -59,6 +59,12 @@ class Settings(BaseSettings):
     """Writable dir for assembled weights (the Kokoro ONNX file is joined here once)."""
     credentials_dir: Path = Path("var/credentials")
     """Where `api_keys=auto` keeps its generated key (mode 0600)."""
+    lexicon: Path | None = None
+    """Deployment lexicon (TOML: `[en]` word = "/ipa/" or "respelling", `[en.<model>]` and
+    `[en."<model>:<voice>"]` for one model or voice); default: `config_dir/lexicon.toml` when it
+    exists. Read again when it changes."""
+    lexicons_dir: Path = Path("var/lexicons")
+    """Where each API key's lexicons (`/v1/audio/lexicons`) are stored as JSON."""
 
     preload: Annotated[list[str], NoDecode] = ["kokoro"]
     """Models loaded and warmed up at start (comma list); `/health` says loading until then."""
@@ -307,6 +313,10 @@ class Settings(BaseSettings):
     @classmethod
     def _csv(cls, value: Any) -> Any:
         return _split_csv(value)
+
+    @property
+    def lexicon_path(self) -> Path:
+        return self.lexicon or self.config_dir / "lexicon.toml"
 
     @property
     def catalogue_path(self) -> Path:

@@ -41,6 +41,8 @@ _EVENT_LIST_TERMINATED, _EVENT_WORD, _EVENT_PHONEME = 0, 1, 7
 _CHARS_UTF8 = 1
 _POS_CHARACTER = 1
 _PHONEMES_IPA = 0x02
+_PHONEME_INPUT = 0x100
+"""espeakPHONEMES: `[[...]]` in the text is read as phoneme mnemonics."""
 _RATE, _PITCH = 1, 3
 DEFAULT_WPM = 175
 MIN_WPM, MAX_WPM = 80, 450
@@ -255,9 +257,10 @@ class EspeakLibrary:
         return self.synthesize_events(text, voice, wpm, pitch, cancel, events=False)[0]
 
     def synthesize_events(self, text: str, voice: str, wpm: int = DEFAULT_WPM, pitch: int = 50,
-                          cancel: CancelToken | None = None, *, events: bool = True
-                          ) -> tuple[Audio, list[SpeechEvent]]:
-        """`synthesize`, with the word and phoneme events of the speech when `events`."""
+                          cancel: CancelToken | None = None, *, events: bool = True,
+                          phonemes: bool = False) -> tuple[Audio, list[SpeechEvent]]:
+        """`synthesize`, with the word and phoneme events of the speech when `events`;
+        `phonemes`: `[[...]]` in `text` are eSpeak phoneme mnemonics."""
         data = text.encode()
         with self._lock:
             self._current_voice = b""  # set anew: setting a voice clears the echo buffer
@@ -272,7 +275,8 @@ class EspeakLibrary:
                 self._seed(ctypes.c_long(1))
             try:
                 status = self._lib.espeak_Synth(
-                    data, len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None
+                    data, len(data) + 1, 0, _POS_CHARACTER, 0,
+                    _CHARS_UTF8 | (_PHONEME_INPUT if phonemes else 0), None, None
                 )
             finally:
                 chunks, self._chunks, self._cancel = self._chunks, [], None

@@ -38,8 +38,18 @@ from engines.base import (
     describe,
 )
 from engines.espeak_lib import espeak
-from engines.frontend import Run, SpannedRun, base_language, ja, prepare_spanned, supported, zh
+from engines.frontend import (
+    IPA,
+    Run,
+    SpannedRun,
+    base_language,
+    ja,
+    prepare_spanned,
+    supported,
+    zh,
+)
 from engines.frontend.espeak_voices import espeak_language
+from engines.frontend.ipa import to_engine
 from engines.kokoro_float import Precision, float_graph
 from engines.onnx import RuntimeOptions, open_session, run, with_outputs
 from engines.signature import digest, package_versions
@@ -177,6 +187,8 @@ def scan_voice_dir(folder: Path | None) -> tuple[dict[str, StyleTable], dict[str
 
 
 def _run_phonemes(run: Run) -> str:
+    if run.language == IPA:
+        return to_engine(run.text, "kokoro").phonemes
     base = base_language(run.language)
     if base == "ja":
         return ja.phonemes(run.text)
@@ -188,6 +200,7 @@ def _run_phonemes(run: Run) -> str:
 
 class KokoroEngine:
     name = "kokoro"
+    phoneme_set = "kokoro"
     sample_rate = SAMPLE_RATE
     capabilities = Capabilities(
         # Kokoro divides each token's duration by `speed` and rounds it to whole frames (at least

@@ -23,8 +23,8 @@ from app.http.requestid import RequestIdMiddleware
 from app.settings import Settings
 
 EXPOSED_HEADERS = [
-    "X-Request-ID", "X-VoxMux-Stats", "X-VoxMux-Warnings", "X-VoxMux-Cache", "X-Lunavox-Stats",
-    "X-Sample-Rate", "Retry-After",
+    "X-Request-ID", "X-VoxMux-Stats", "X-VoxMux-Warnings", "X-VoxMux-Normalization",
+    "X-VoxMux-Cache", "X-Lunavox-Stats", "X-Sample-Rate", "Retry-After",
 ]
 
 

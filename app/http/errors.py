@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException
 
 from app.jobs.model import DiskFull, JobNotFound, JobNotReady, StoreUnavailable
 from app.protocols.schemas import ErrorInfo, ErrorResponse
+from app.serving.lexicons import LexiconNotFound
 from app.text.feed import TextBacklogFull
 from engines.base import (
     Cancelled,
@@ -146,6 +147,7 @@ TABLE: dict[type[Exception], ErrorKind] = {
     Forbidden: ErrorKind(403, "permission_error", "forbidden", ws_close=1008, lunavox_close=1008),
     HostNotAllowed: ErrorKind(400, _BAD, "host_not_allowed", ws_close=1008, lunavox_close=1008),
     RequestNotFound: ErrorKind(404, _BAD, "request_not_found"),
+    LexiconNotFound: ErrorKind(404, _BAD, "lexicon_not_found"),
     JobNotFound: ErrorKind(404, _BAD, "job_not_found"),
     JobNotReady: ErrorKind(409, _BAD, "job_not_finished"),
     DiskFull: ErrorKind(507, _SERVER, "disk_full"),

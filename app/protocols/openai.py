@@ -56,8 +56,12 @@ def job_headers(job: SpeechJob, sample_rate: int) -> dict[str, str]:
         "X-VoxMux-Segments": str(job.segments),
         "X-VoxMux-Cache": job.cache_use,
     }
-    if plan.warnings:
-        headers["X-VoxMux-Warnings"] = "; ".join(plan.warnings)
+    if plan.warnings:  # header values are Latin-1: other characters as \u escapes
+        headers["X-VoxMux-Warnings"] = "; ".join(plan.warnings).encode(
+            "latin-1", "backslashreplace").decode("latin-1")
+    if plan.report:
+        report = plan.prepared.report if plan.prepared is not None else []
+        headers["X-VoxMux-Normalization"] = json.dumps(report, separators=(",", ":"))
     return headers
 
 

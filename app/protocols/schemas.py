@@ -54,10 +54,24 @@ class SpeechOptions(Strict):
                 "language": self.language, "instructions": self.instructions}
 
 
+class PronouncedOptions(SpeechOptions):
+    """The speech fields of the routes that take SSML and report how text was read."""
+
+    input_format: Literal["text", "ssml"] | None = Field(
+        None, description="`ssml`: the input is SSML (also detected from a leading `<speak>`)")
+    normalization_report: bool = Field(
+        False, description="Report what each span was read as (say-as, sub, phoneme, lexicon) "
+        "in the `X-VoxMux-Normalization` header")
+
+    def plan_fields(self) -> dict[str, Any]:
+        return super().plan_fields() | {"input_format": self.input_format,
+                                         "report": self.normalization_report}
+
+
 Timestamps = Literal["word"]
 
 
-class SpeechRequest(SpeechOptions):
+class SpeechRequest(PronouncedOptions):
     """OpenAI's `POST /v1/audio/speech` body, plus `language`; `text` is an alias of `input`."""
 
     input: str = Field(validation_alias=AliasChoices("input", "text"))
@@ -68,7 +82,7 @@ class SpeechRequest(SpeechOptions):
         "audio (SSE only)")
 
 
-class CaptionedSpeechRequest(SpeechOptions):
+class CaptionedSpeechRequest(PronouncedOptions):
     """`POST /v1/audio/captioned_speech` (and Kokoro-FastAPI's `/dev/captioned_speech`): the
     speech fields, audio as base64 in JSON with its word timings. `model` defaults to `kokoro`
     as on Kokoro-FastAPI."""
@@ -135,7 +149,7 @@ class SessionRequest(Strict):
 WsAudioFormat = Literal["pcm_s16le", "wav"]
 
 
-class WsOptions(SpeechOptions):
+class WsOptions(PronouncedOptions):
     """First frame of `WS /ws/v1/tts/text`: the speech options, without text."""
 
     format: WsAudioFormat = Field(
@@ -157,6 +171,18 @@ class WsTextMessage(Strict):
 
     type: Literal["text", "flush", "end", "cancel"] = "text"
     text: str = ""
+
+
+class LexiconBody(Strict):
+    """A lexicon's content: `entries` map a word to `/ipa/` or a respelling."""
+
+    language: str = Field("en", min_length=2, max_length=16)
+    scope: str = Field("", description="Empty (every model), a model id, or `model:voice`")
+    entries: dict[str, str]
+
+
+class LexiconCreate(LexiconBody):
+    name: str = Field(min_length=1, max_length=64)
 
 
 class ErrorInfo(BaseModel):

@@ -27,6 +27,7 @@ from app.serving.fleet import (
     local_views,
 )
 from app.serving.job import JobContext, SpeechJob
+from app.serving.lexicons import LexiconStore
 from app.serving.memory import process_memory
 from app.serving.metrics import Metrics, registry_voice_ids
 from app.serving.plan import SpeechPlan
@@ -36,8 +37,11 @@ from app.serving.scheduler import Lane
 from app.serving.tracking import RequestRecord, ServingStats
 from app.settings import Settings
 from app.text.feed import TextFeed
+from app.text.prepared import cut, prepare
 from app.text.split import segment_offsets, split_text
+from app.text.ssml import detect
 from engines.base import InvalidParameter, SynthesisRequest, TimedEngine, VoiceNotFound
+from engines.frontend.ipa import unsayable
 from engines.registry import EngineRegistry, ModelHandle, ModelStatus, SwitchResult
 
 log = logging.getLogger(__name__)
@@ -65,6 +69,7 @@ class SpeechService:
             settings.cache_max_item_bytes,
         )
         self.renderer = renderer or LocalRenderer(registry, settings.request_timeout)
+        self.lexicons = LexiconStore(settings.lexicons_dir, settings.lexicon_path)
         self.fleet = fleet
         self.stats = stats or ServingStats(settings.request_log_size, settings.stats_window)
         self.metrics = Metrics(registry_voice_ids(registry))  # bounded `voice` labels
@@ -133,13 +138,19 @@ class SpeechService:
     def plan(self, *, model: str, text: str, voice: str | None = None, speed: float = 1.0,
              language: str | None = None, instructions: str | None = None,
              request_id: str | None = None, internal: bool = False,
-             timestamps: bool = False, whole: bool = False, client: str = "") -> SpeechPlan:
+             timestamps: bool = False, whole: bool = False, client: str = "",
+             input_format: str | None = None, report: bool = False) -> SpeechPlan:
         """A request checked against the model, its engine and the limits, cut into segments.
 
         `whole`: the client gets nothing before the whole clip is made (a route that answers
         with one file), so no segment is kept short for early audio: every one is packed up to
-        the engine's limit, which takes fewer engine calls."""
-        if not any(ch.isalnum() for ch in text):
+        the engine's limit, which takes fewer engine calls.
+
+        `input_format`: `ssml`, `text`, or None to detect `<speak>`; SSML is compiled and the
+        caller's lexicons applied (`app.text.prepared`); `report`: the plan keeps what each
+        span was read as."""
+        ssml = detect(text, input_format)
+        if not ssml and not any(ch.isalnum() for ch in text):
             raise InvalidParameter(
                 "'input' must contain text to speak (letters or digits)", param="input"
             )
@@ -153,8 +164,30 @@ class SpeechService:
                           timestamps)
         plan.internal = internal
         plan.client = client
-        plan.segments = self.cut(plan, text, whole=whole)
-        plan.offsets = segment_offsets(text, plan.segments)
+        plan.report = report
+
+        def split(piece: str) -> list[str]:
+            return self.cut(plan, piece, whole=whole)
+
+        self._validate_voice(plan, "Hello.")
+        lexicon = None if internal else self.lexicons.for_request(
+            client, language or self._voice_language(plan), plan.model_id, plan.voice)
+        if ssml or lexicon:
+            prepared = prepare(text, input_format="ssml" if ssml else "text", lexicon=lexicon)
+            if not any(ch.isalnum() for ch in prepared.text):
+                raise InvalidParameter("the SSML has no text to speak (letters or digits)",
+                                       param="input")
+            pieces = cut(prepared, split)
+            plan.text, plan.prepared = prepared.text, prepared
+            plan.segments, plan.offsets = pieces.segments, pieces.offsets
+            plan.pauses, plan.rates = pieces.pauses, pieces.rates
+            plan.warnings += prepared.compiled.warnings
+            phoneme_set = getattr(plan.engine, "phoneme_set", None)
+            if phoneme_set is not None:
+                plan.warnings += unsayable(prepared.text, phoneme_set)
+        else:
+            plan.segments = split(text)
+            plan.offsets = segment_offsets(text, plan.segments)
         self._validate_voice(plan, plan.segments[0])
         return plan
 
@@ -198,11 +231,22 @@ class SpeechService:
         self._validate_voice(plan, plan.segments[0])
         return plan
 
+    def _voice_language(self, plan: SpeechPlan) -> str:
+        for voice in plan.engine.voices():
+            if voice.id == plan.voice and voice.language:
+                return voice.language
+        return "en"
+
     def plan_stream(self, *, model: str, voice: str | None = None, speed: float = 1.0,
                     language: str | None = None, instructions: str | None = None,
                     request_id: str | None = None, timestamps: bool = False,
-                    client: str = "") -> SpeechPlan:
-        """A text-in request: options checked now (on a probe sentence), text fed later."""
+                    client: str = "", input_format: str | None = None,
+                    report: bool = False) -> SpeechPlan:
+        """A text-in request: options checked now (on a probe sentence), text fed later. SSML
+        needs the whole document, so a text-in session refuses it."""
+        if input_format == "ssml":
+            raise InvalidParameter("SSML needs the whole document in one request; text-in "
+                                   "sessions take plain text", param="input_format")
         plan = self._plan(model, "", voice, speed, language, instructions, request_id,
                           timestamps)
         plan.client = client
@@ -296,6 +340,7 @@ class SpeechService:
             model=plan.model_id, engine=plan.engine, voice=plan.voice,
             native_speed=plan.native_speed, stretch=plan.stretch, language=plan.language,
             segments=plan.segments, pause_ms=self.settings.sentence_pause_ms,
+            pauses=plan.pauses, rates=plan.rates,
         )
 
     def cancel(self, request_id: str) -> int:
