@@ -219,18 +219,18 @@ class EngineRegistry(Generic[L]):
     async def switch(self, model_id: str, unload_previous: bool = True) -> SwitchResult:
         handle = self[model_id]
         previous = self.current
-        handle._switching += 1
+        handle._switching += 1  # until the previous model is gone too: no unload takes it first
         try:
             await self.load(model_id)
+            if previous is None or previous == model_id or not unload_previous:
+                return SwitchResult(model_id, previous, False, False)
+            try:
+                unloaded = await self.unload(previous)
+            except EngineBusy:
+                return SwitchResult(model_id, previous, False, True)
+            return SwitchResult(model_id, previous, unloaded, False)
         finally:
             handle._switching -= 1
-        if previous is None or previous == model_id or not unload_previous:
-            return SwitchResult(model_id, previous, False, False)
-        try:
-            unloaded = await self.unload(previous)
-        except EngineBusy:
-            return SwitchResult(model_id, previous, False, True)
-        return SwitchResult(model_id, previous, unloaded, False)
 
     async def close(self) -> None:
         """Cancel idle timers, let pending unloads finish, then unload every model."""

@@ -538,3 +538,21 @@ async def test_an_unload_meeting_a_switch_is_refused_and_the_switch_finishes(
     result = switch.result()
     assert refused >= 3 and result.previous_unloaded and lives["b"].loads == 1
     assert status_of(registry, "b") is ModelStatus.READY and registry.current == "b"
+
+
+async def test_the_model_switched_to_is_not_unloaded_while_the_switch_unloads_the_previous(
+    make_registry: MakeRegistry,
+) -> None:
+    """The switch holds its new model until it has finished: an unload that arrives while the
+    previous model is still unloading is refused (CI once unloaded `b` in that window)."""
+    registry, lives = make_registry({"a": -1, "b": -1})
+    await registry.load("a")
+    lives["a"].unload_gate = threading.Event()
+    switch = asyncio.create_task(registry.switch("b"))
+    await until(lambda: status_of(registry, "b") is ModelStatus.READY)
+    with pytest.raises(EngineBusy, match="switched to"):
+        await registry.unload("b")
+    lives["a"].unload_gate.set()
+    result = await switch
+    assert result.previous_unloaded and registry.current == "b"
+    assert status_of(registry, "b") is ModelStatus.READY
