@@ -99,12 +99,12 @@ def _level(engine: KokoroEngine, request: SynthesisRequest, concurrency: int, ro
                  round(max(per_request), 4))
 
 
-def measure(settings: Settings, precision: Precision, levels: list[int], rounds: int
-            ) -> PrecisionResult:
+def measure(settings: Settings, precision: Precision, levels: list[int], rounds: int,
+            text: str = TEXT) -> PrecisionResult:
     """One precision; raises what building or loading it raised."""
     result = PrecisionResult(precision)
     runtime = runtime_options(settings)
-    request = SynthesisRequest(text=TEXT, voice=VOICE)
+    request = SynthesisRequest(text=text, voice=VOICE)
     start = time.perf_counter()
     prepare_model(settings.cache_dir, precision)
     result.build_s = round(time.perf_counter() - start, 3)
