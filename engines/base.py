@@ -10,6 +10,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -101,6 +102,16 @@ class TimedAudio:
     words: tuple[WordTiming, ...] = ()
 
 
+class EngineSettings(Protocol):
+    """What every engine may read of VoxMux's settings in `from_settings` (an engine may read
+    more fields of its own, with a default where they are missing)."""
+
+    models_dir: Path
+    """User model files, one folder per model (`models/<engine>/`)."""
+    cache_dir: Path
+    """Writable: assembled weights, graphs edited for timings."""
+
+
 @runtime_checkable
 class Engine(Protocol):
     name: str
@@ -126,6 +137,10 @@ class Engine(Protocol):
         soon after `req.cancel` is set, inside a running inference where the runtime allows."""
 
     def synthesize(self, req: SynthesisRequest) -> Audio: ...
+
+    # An engine class also has `from_settings(settings: EngineSettings, runtime:
+    # engines.onnx.RuntimeOptions) -> Self`, a classmethod: the catalogue names the class by its
+    # import path and VoxMux builds it through that (`engines.plugin`).
 
 
 @runtime_checkable

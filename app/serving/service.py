@@ -116,10 +116,15 @@ class SpeechService:
         return self.registry.handles()
 
     def resolve_voice(self, handle: ModelHandle[Lane], voice: str | None) -> str:
+        """The model's voice id for what a request named: its default for nothing, an OpenAI
+        or operator alias through the model's map, unless the model has a voice of that very
+        name (hibari's `fable` once its file is installed), which wins."""
         entry = handle.entry
         if not voice:
             return entry.default_voice
-        return entry.voice_map.get(voice, voice)
+        if voice not in entry.voice_map or any(v.id == voice for v in handle.engine.voices()):
+            return voice
+        return entry.voice_map[voice]
 
     # -- planning ----------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ def test_models_list_has_ids_aliases_and_status(server: LiveServer) -> None:
         body = http.get("/v1/models").json()
     assert body["object"] == "list"
     cards = {m["id"]: m for m in body["data"] if m["alias_of"] is None}
-    assert set(cards) == {"kokoro", "piper", "espeak"}
+    assert set(cards) == {"kokoro", "piper", "hibari", "espeak"}
     assert cards["piper"]["aliases"] == ["tts-1"]
     assert set(cards["kokoro"]["aliases"]) == {"tts-1-hd", "gpt-4o-mini-tts"}
     for card in cards.values():
@@ -52,7 +52,7 @@ def test_voices_per_model(server: LiveServer) -> None:
     alpha = next(v for v in kokoro if v["id"] == "jf_alpha")
     assert (alpha["language"], alpha["gender"]) == ("ja", "female")
     assert len(espeak) > 100 and {"en-us", "cmn"} <= {v["language"] for v in espeak}
-    assert {v["model"] for v in every} == {"kokoro", "piper", "espeak"}
+    assert {v["model"] for v in every} == {"kokoro", "piper", "hibari", "espeak"}
 
 
 def test_every_openai_voice_name_speaks_on_every_model(server: LiveServer) -> None:
