@@ -193,14 +193,16 @@ def open_session(model: Path | bytes, options: RuntimeOptions,
     return session
 
 
-def run(session: Any, feeds: dict[str, Any], cancel: CancelToken) -> list[Any]:
+def run(session: Any, feeds: dict[str, Any], cancel: CancelToken,
+        outputs: list[str] | None = None) -> list[Any]:
     """`session.run` that `cancel` can stop mid-inference: its hook sets the run's
-    `RunOptions.terminate`, and onnxruntime gives up at its next node."""
+    `RunOptions.terminate`, and onnxruntime gives up at its next node. `outputs`: only these
+    (onnxruntime then runs only the nodes they need); None: every output."""
     cancel.check()
     options = ort.RunOptions()
     forget = cancel.on_cancel(lambda: setattr(options, "terminate", True))
     try:
-        return list(session.run(None, feeds, options))
+        return list(session.run(outputs, feeds, options))
     except Exception:
         cancel.check()  # stopped because we asked: a cancel, not an engine failure
         raise
