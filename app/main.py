@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -29,6 +30,7 @@ from app.serving.render import Renderer
 from app.serving.scheduler import Lane
 from app.serving.service import SpeechService
 from app.settings import Settings
+from engines.base import lane_concurrency
 from engines.onnx import CUDA, RuntimeOptions, check_providers
 from engines.plugin import UnknownEngine, build_engine
 from engines.registry import EngineRegistry, ModelEntry, ModelHandle
@@ -45,11 +47,20 @@ def build_registry(settings: Settings, catalogue: Catalogue, runtime: RuntimeOpt
             engine = build_engine(entry.engine, settings, runtime)
         except UnknownEngine as exc:
             raise ValueError(f"catalogue: model {entry.id}: {exc}") from exc
-        lane = Lane(entry.id, settings.concurrency, settings.queue_size, settings.client_places)
+        turns = lane_concurrency(settings.concurrency, engine.capabilities, usable_cores())
+        lane = Lane(entry.id, turns, settings.queue_size, settings.client_places)
         return ModelHandle(entry, engine, lane, idle_ttl=settings.ttl_for(entry.id))
 
     return EngineRegistry([handle(e) for e in catalogue.models.values()],
                           max_loaded=settings.max_loaded)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, e.g. a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def runtime_options(settings: Settings) -> RuntimeOptions:

@@ -43,6 +43,20 @@ class Capabilities:
     neural: bool = True
     """A neural model. False for rule-based synthesis such as eSpeak NG's formant voices: they
     cover many languages but sound robotic, so the Studio lists neural voices first."""
+    cores_per_call: int = 0
+    """Cores one engine call keeps busy: 0 for every core (onnxruntime spreads an inference over
+    them), n for an engine whose calls cannot use more (a graph too small to split, work on the
+    host between inferences). Each of a model's `VOXMUX_CONCURRENCY` turns is then
+    `cores / cores_per_call` turns, so its lane keeps every core busy as one call of a
+    many-threaded engine does (`lane_concurrency`)."""
+
+
+def lane_concurrency(concurrency: int, capabilities: Capabilities, cores: int) -> int:
+    """Engine calls at once on a model's lane: `concurrency` calls that use every core each, or
+    as many more as fill the `cores` with calls that use `cores_per_call` each."""
+    if capabilities.cores_per_call <= 0:
+        return concurrency
+    return concurrency * max(1, cores // capabilities.cores_per_call)
 
 
 @dataclass(frozen=True)

@@ -349,6 +349,10 @@ class HibariEngine:
         speed_range=(0.5, 2.0),
         languages=("en-gb", "en-us"),
         max_segment_chars=400,
+        # One inference takes a few milliseconds: split over threads it waits on them more than
+        # it gains, and the package's DSP between inferences is single-threaded numpy. A call
+        # keeps one core busy, so the lane runs one call per core (bench/results/hibari.md).
+        cores_per_call=1,
     )
 
     def __init__(self, voices_dir: Path | None, runtime: RuntimeOptions,
@@ -357,8 +361,7 @@ class HibariEngine:
         self._voices_dir = voices_dir
         self._runtime = runtime
         self._cache_dir = cache_dir
-        # One inference is small (a few milliseconds): split over threads it waits on them more
-        # than it gains, so "let onnxruntime decide" means one thread here, as in the package.
+        # "Let onnxruntime decide" means one thread here, as in the package (`cores_per_call`).
         self._threads = runtime.intra_op_threads or 1
         self._lock = threading.Lock()  # load, unload and rescan change the voice table
         self._registry = _registry()

@@ -208,3 +208,16 @@ def test_heard_as_well_as_the_packages_own_audio(live: LiveServer) -> None:
     report = {"served": [round(x, 2) for x in served], "raw": [round(x, 2) for x in package]}
     assert np.median(served) <= np.median(package) + 0.1, report
     assert np.mean(served) <= np.mean(package) + 0.1 and np.median(served) <= 0.2, report
+
+
+def test_its_lane_runs_one_call_per_core(live: LiveServer) -> None:
+    """A hibari call keeps one core busy (`cores_per_call`): at `VOXMUX_CONCURRENCY=1` its lane
+    runs one per core, where a Piper call spreads over every core and runs alone."""
+    from app.main import usable_cores
+    from engines.base import Capabilities, lane_concurrency
+
+    registry = live.app.state.service.registry
+    assert registry["hibari"].lane.concurrency == usable_cores()
+    assert registry["piper"].lane.concurrency == 1
+    assert lane_concurrency(2, Capabilities(cores_per_call=2), 8) == 8
+    assert lane_concurrency(3, Capabilities(cores_per_call=4), 2) == 3
