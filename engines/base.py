@@ -43,6 +43,10 @@ class Capabilities:
     neural: bool = True
     """A neural model. False for rule-based synthesis such as eSpeak NG's formant voices: they
     cover many languages but sound robotic, so the Studio lists neural voices first."""
+    whole_first_sentence: bool = False
+    """Never cut a stream's first sentence short for early audio: for an engine that makes a
+    sentence in a few tens of milliseconds the cut gains nothing and costs a call (the silence
+    it renders at either end, 5 % of hibari's work on five sentences) and the sentence's tune."""
     cores_per_call: int = 0
     """Cores one engine call keeps busy: 0 for every core (onnxruntime spreads an inference over
     them), n for an engine whose calls cannot use more (a graph too small to split, work on the

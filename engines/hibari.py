@@ -353,6 +353,7 @@ class HibariEngine:
         # it gains, and the package's DSP between inferences is single-threaded numpy. A call
         # keeps one core busy, so the lane runs one call per core (bench/results/hibari.md).
         cores_per_call=1,
+        whole_first_sentence=True,
     )
 
     def __init__(self, voices_dir: Path | None, runtime: RuntimeOptions,

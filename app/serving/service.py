@@ -29,7 +29,7 @@ from app.serving.scheduler import Lane
 from app.serving.tracking import RequestRecord, ServingStats
 from app.settings import Settings
 from app.text.feed import TextFeed
-from app.text.split import segment_offsets, split_text
+from app.text.split import first_sentence, segment_offsets, split_text
 from engines.base import InvalidParameter, SynthesisRequest, TimedEngine, VoiceNotFound
 from engines.registry import EngineRegistry, ModelHandle, ModelStatus, SwitchResult
 
@@ -151,11 +151,15 @@ class SpeechService:
                           timestamps)
         plan.internal = internal
         plan.client = client
-        most = plan.engine.capabilities.max_segment_chars
+        capabilities = plan.engine.capabilities
+        most = capabilities.max_segment_chars
+        first = most if whole else self.settings.first_segment_chars
+        if capabilities.whole_first_sentence and first < most:
+            first = max(first, len(first_sentence(text, most)))
         plan.segments = split_text(
             text,
             max_chars=most,
-            first_max_chars=most if whole else self.settings.first_segment_chars,
+            first_max_chars=first,
             growth=self.settings.segment_growth,
         )
         plan.offsets = segment_offsets(text, plan.segments)

@@ -221,3 +221,11 @@ def test_its_lane_runs_one_call_per_core(live: LiveServer) -> None:
     assert registry["piper"].lane.concurrency == 1
     assert lane_concurrency(2, Capabilities(cores_per_call=2), 8) == 8
     assert lane_concurrency(3, Capabilities(cores_per_call=4), 2) == 3
+
+
+def test_a_stream_starts_with_its_whole_first_sentence(live: LiveServer) -> None:
+    """hibari makes a sentence in tens of milliseconds: cutting the first one short for early
+    audio would only cost a call (`Capabilities.whole_first_sentence`); Piper's is cut."""
+    text = "The morning train left the station exactly on time. Passengers read in silence."
+    assert live.segments("hibari", text)[0] == "The morning train left the station exactly on time."
+    assert len(live.segments("piper", text)[0]) <= 30
