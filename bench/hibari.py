@@ -66,8 +66,9 @@ def measure(quick: bool) -> dict[str, Any]:
         client = VoxMuxClient(vox.url, model="hibari")
         stack.callback(client.close)
         systems: list[System] = [client, package]
-        for system in systems:
-            system.request(load.text(1, 0))
+        for system in systems:  # warm up: first-run costs (both engine threads) in no figure
+            for k in range(4):
+                system.request(load.text(SENTENCES, k))
         with timed_phase("reference", phases):
             reference = load.reference_lengths(package, SENTENCES, load.VARIANTS, 1)
         with timed_phase("throughput", phases):
