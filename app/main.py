@@ -12,10 +12,14 @@ from fastapi import Depends, FastAPI
 
 from app.http import edge
 from app.http.auth import require_synthesis
+from app.jobs.outputs import Outputs, keep_job
+from app.jobs.runner import JobRunner
 from app.routes import (
     cancel,
     captioned,
     health,
+    jobs,
+    lexicons,
     models,
     monitoring,
     native,
@@ -95,9 +99,13 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
     settings = settings or Settings()
     catalogue = Catalogue.load(settings.catalogue_path)
     runtime = runtime_options(settings)
-    check_providers(runtime)  # a missing CUDA shows in /health before the first model loads
+    if renderer is None:  # a missing CUDA shows in /health before the first model loads
+        check_providers(runtime)  # (on a cluster the engine replicas run onnxruntime, not here)
     registry = build_registry(settings, catalogue, runtime)
     service = SpeechService(settings, registry, renderer=renderer, fleet=fleet)
+    outputs = Outputs(settings.outputs_dir) if settings.outputs_dir else None
+    runner = JobRunner(service, settings, on_done=None if outputs is None else (
+        lambda store, job: keep_job(outputs, store, job, settings.chapter_pause_ms)))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -107,9 +115,11 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
         else:  # the engine replicas preload; /health waits for their reports
             app.state.ready.set()
             task = asyncio.create_task(fleet.watch_cancels(service.cancel))
+        await runner.start()
         try:
             yield
         finally:
+            await runner.stop()
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             service.close()
@@ -120,9 +130,11 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
     app.state.settings = settings
     app.state.service = service
     app.state.runtime = runtime
+    app.state.jobs = runner
+    app.state.outputs = outputs
     edge.install(app, settings)
     guarded = [Depends(require_synthesis)]  # WebSocket routes call authorize_websocket instead
-    for module in (speech, captioned, models, cancel, native):
+    for module in (speech, captioned, models, cancel, native, jobs, lexicons):
         app.include_router(module.router, dependencies=guarded)
     for module in (health, ws, monitoring, session):
         app.include_router(module.router)

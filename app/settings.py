@@ -59,6 +59,12 @@ class Settings(BaseSettings):
     """Writable dir for assembled weights (the Kokoro ONNX file is joined here once)."""
     credentials_dir: Path = Path("var/credentials")
     """Where `api_keys=auto` keeps its generated key (mode 0600)."""
+    lexicon: Path | None = None
+    """Deployment lexicon (TOML: `[en]` word = "/ipa/" or "respelling", `[en.<model>]` and
+    `[en."<model>:<voice>"]` for one model or voice); default: `config_dir/lexicon.toml` when it
+    exists. Read again when it changes."""
+    lexicons_dir: Path = Path("var/lexicons")
+    """Where each API key's lexicons (`/v1/audio/lexicons`) are stored as JSON."""
 
     preload: Annotated[list[str], NoDecode] = ["kokoro"]
     """Models loaded and warmed up at start (comma list); `/health` says loading until then."""
@@ -101,11 +107,13 @@ class Settings(BaseSettings):
     sentence_pause_ms: int = 250
     """Pause inserted between sentences of one request."""
     concurrency: int = Field(1, ge=1)
-    """Engine calls at once per model; admitted requests take turns segment by segment."""
+    """Engine calls at once per model; admitted requests take turns segment by segment. On a
+    cluster: the requests one engine replica renders at once (Serve's `max_ongoing_requests`)."""
     queue_size: int = Field(16, ge=0)
     """Requests a model takes on beyond `concurrency`; one more gets a 429 with Retry-After. A
     request counts only while it has engine work: a text socket waiting for text, or a stream
-    waiting for its reader, does not."""
+    waiting for its reader, does not. On a cluster: the requests each ingress replica keeps
+    waiting in Serve's queue for an engine replica (`max_queued_requests`)."""
     client_max_requests: int = Field(0, ge=0)
     """Requests one client (its API key, else its address) may have in progress on one model;
     one more from it gets a 429 while other clients keep their share. 0: half of
@@ -149,17 +157,64 @@ class Settings(BaseSettings):
     ray_ingress_max_ongoing: int = Field(256, ge=1)
     """Requests (and open WebSockets) one ingress replica takes at once."""
     ray_engine_replicas: int = Field(1, ge=1)
-    """Replicas of the engine deployment; each holds up to `ray_models_per_replica` models."""
+    """Replicas of the engine deployment at least (and at start); each holds up to
+    `ray_models_per_replica` models."""
+    ray_engine_max_replicas: int = Field(4, ge=1)
+    """Serve's autoscaling adds engine replicas up to this many while requests wait; at or below
+    `ray_engine_replicas` there is no autoscaling (that many replicas, always)."""
+    ray_engine_target_ongoing: float | None = Field(None, gt=0)
+    """Requests (rendering and waiting) per engine replica that autoscaling aims at; empty: the
+    model's `concurrency`, so a request that would wait asks for another replica."""
+    ray_engine_upscale_delay: float = Field(5, ge=0)
+    """Seconds the load must stay above target before a replica is added."""
+    ray_engine_downscale_delay: float = Field(120, ge=0)
+    """Seconds the load must stay below target before a replica is removed."""
+    ray_engine_autoscaling: dict[str, float] = {}
+    """Further fields of Serve's `autoscaling_config` for the engine deployment, e.g.
+    `VOXMUX_RAY_ENGINE_AUTOSCALING__LOOK_BACK_PERIOD_S=10`."""
     ray_engine_cpus: float = Field(1, ge=0)
     """CPUs Ray reserves for each engine replica."""
-    ray_engine_max_ongoing: int | None = Field(None, ge=1)
-    """Requests one engine replica takes at once (they share its lanes by segment-sized turns);
-    when every replica holding a model is this busy, Serve places the model on another replica
-    too. Empty: `concurrency + queue_size`, as one process admits; lower it to spread a busy
-    model over more replicas sooner."""
+    ray_model_resources: dict[str, dict[str, float]] = {}
+    """Ray resources a model's engine replicas need, by model id, e.g.
+    `VOXMUX_RAY_MODEL_RESOURCES__KOKORO__GPU=1` or a custom resource a node was started with
+    (`ray start --resources '{"tts_big": 1}'`; names in lower case). Such a model gets an engine
+    deployment of its own (`VoxMuxEngines_<model>`, same sizing settings), whose replicas land
+    only on nodes that have them; the other models share `VoxMuxEngines`."""
     ray_models_per_replica: int = Field(2, ge=1)
     """Models one engine replica keeps loaded; the least recently used one is evicted (once its
     last request has ended) to make room."""
+
+    data_dir: Path = Path("var/data")
+    """Where long-form jobs are kept: `jobs.sqlite3` (jobs, chapters, segments) and `jobs/<id>/`
+    (each finished segment's audio, the result ZIP). Survives restarts; nothing to start."""
+    jobs_max_bytes: int = Field(5 * 1024**3, ge=0)
+    """Bytes the job store may take in all (jobs' text, segment audio, result ZIPs); a new job
+    that would pass it is refused and a segment fails its job (`disk_full`, 507), never the
+    server. So does a disk that is really full."""
+    jobs_retention_hours: float = Field(168, ge=0)
+    """Hours a finished (done, failed, cancelled) job and its files are kept; 0 keeps them until
+    deleted (`DELETE /v1/audio/jobs/{id}`)."""
+    jobs_concurrency: int = Field(1, ge=1)
+    """Jobs rendered at once (the others wait, queued); each renders one segment at a time."""
+    jobs_max_chars: int = Field(5_000_000, gt=0)
+    """Longest text a job takes (a long novel is about a million characters)."""
+    jobs_max_request_bytes: int = Field(64 * 1024 * 1024, gt=0)
+    """Largest body of `POST /v1/audio/jobs` and `/v1/audio/batch` (an EPUB in base64, many
+    items); other routes keep `max_request_bytes`."""
+    jobs_segment_chars: int = Field(0, ge=0)
+    """Longest segment a job's text is cut into; 0: the engine's own limit (fewest engine calls).
+    An interactive request on the same model waits for the job segment under way at most, so a
+    lower value shortens that wait (on a CPU, a 400-character Kokoro segment takes seconds)."""
+    chapter_pause_ms: int = Field(1500, ge=0)
+    """Silence between two chapters (or items) in a job's whole audio."""
+    batch_max_items: int = Field(32, ge=1)
+    """`POST /v1/audio/batch` with up to this many items answers the ZIP itself; with more, 202
+    and a job whose result is the ZIP."""
+    batch_max_job_items: int = Field(10_000, ge=1)
+    """Most items a batch may have at all."""
+    outputs_dir: Path | None = None
+    """When set (AngeVoice's `/app/outputs`), every HTTP result is also written here: the speech
+    route's audio, a batch's ZIP, a finished job's audio, each with a JSON sidecar."""
 
     request_log_size: int = Field(100, ge=1, le=100)
     """Recent requests kept for `GET /requests`."""
@@ -258,6 +313,10 @@ class Settings(BaseSettings):
     @classmethod
     def _csv(cls, value: Any) -> Any:
         return _split_csv(value)
+
+    @property
+    def lexicon_path(self) -> Path:
+        return self.lexicon or self.config_dir / "lexicon.toml"
 
     @property
     def catalogue_path(self) -> Path:

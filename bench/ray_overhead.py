@@ -1,20 +1,25 @@
 """What Ray Serve costs and gives on this machine: `voxmux serve --ray` against `voxmux serve`.
 
-    .venv/bin/python -m bench.ray_overhead      # a few minutes; writes bench/results/ray.json
+    .venv/bin/python -m bench.ray_overhead      # about ten minutes; writes bench/results/ray.json
 
 Same texts, same voice (Piper), pcm, cache off, both on this machine at once (the single process
-in a subprocess, a local Ray cluster of 2 CPUs in this one), measured in interleaved rounds:
+in a subprocess, a local Ray cluster of 2 CPUs in this one), the systems taking turns:
 - latency: one request at a time, 5 sentences; the ratio of medians is the Ray path's overhead
   (HTTP proxy -> ingress replica -> engine replica -> back, audio through Ray's object store);
-- throughput: 4 clients at once, audio seconds per wall second, with one engine replica and
-  with two (each replica one engine call at a time, one more request waiting; a third goes to
-  the other replica), against the single process at `VOXMUX_CONCURRENCY` 1 and 2.
+- throughput: 4 clients at once, audio seconds per wall second: the single process
+  (`VOXMUX_CONCURRENCY` 1) against one engine replica holding both CPUs, then that replica
+  against two replicas of one CPU each (the same cores; each replica runs onnxruntime on the
+  CPUs Ray granted it);
+- first audio of 8 simultaneous streams, three bursts, with autoscaling on (one replica of one
+  CPU at start, at most two, the default delays): p50 and p95 over the bursts, and how many
+  engine replicas ran after each, beside the single process's.
 The share of the machine other processes and the hypervisor took is recorded with each phase:
 other engineers use this machine too.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import statistics
 import time
 from typing import Any
@@ -23,14 +28,25 @@ import httpx
 
 from app.cluster import launch
 from app.settings import Settings
-from bench.common import ROOT, OtherWork, free_port, sentences, voxmux_server, write_result
+from bench.common import (
+    ROOT,
+    OtherWork,
+    free_port,
+    percentiles,
+    sentences,
+    voxmux_server,
+    write_result,
+)
 from bench.load import throughput
 from bench.systems import System, VoxMuxClient
 
 SENTENCES = 5
-LATENCY_ROUNDS = 15
+LATENCY_ROUNDS = 9
 CLIENTS = 4
 THROUGHPUT_REQUESTS = 24
+THROUGHPUT_ROUNDS = 2
+BURST = 8
+BURSTS = 3
 SINGLE = {"VOXMUX_CACHE_MAX_ITEMS": "0", "VOXMUX_PRELOAD": "piper"}
 
 
@@ -49,17 +65,70 @@ def latency(systems: list[System], rounds: int) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in totals.items()}
 
 
-def load(system: System, offset: int, audio_s: float) -> dict[str, Any]:
-    batch = texts(THROUGHPUT_REQUESTS, offset)
-    return throughput(system, CLIENTS, batch, dict.fromkeys(batch, audio_s))
+def loads(systems: list[System], offset: int, audio_s: float) -> dict[str, dict[str, float]]:
+    """Each system drains `THROUGHPUT_REQUESTS` with `CLIENTS` clients, `THROUGHPUT_ROUNDS`
+    times in turn; pooled: audio seconds over wall seconds."""
+    runs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in systems}
+    for round_ in range(THROUGHPUT_ROUNDS):
+        for index, system in enumerate(systems[round_ % 2:] + systems[: round_ % 2]):
+            batch = texts(THROUGHPUT_REQUESTS, offset + 100 * (2 * round_ + index))
+            runs[system.name].append(throughput(system, CLIENTS, batch,
+                                                dict.fromkeys(batch, audio_s)))
+    pooled = {}
+    for name, parts in runs.items():
+        wall = sum(p["wall_s"] for p in parts)
+        audio = sum(p["audio_s_per_s"] * p["wall_s"] for p in parts)
+        cpu = sum(p["cpu_s_per_audio_s"] * p["audio_s_per_s"] * p["wall_s"] for p in parts)
+        pooled[name] = {"requests": sum(p["requests"] for p in parts), "wall_s": round(wall, 2),
+                        "audio_s_per_s": round(audio / wall, 3),
+                        "cpu_s_per_audio_s": round(cpu / audio, 3)}
+    return pooled
 
 
-def ray_settings(replicas: int, port: int) -> Settings:
-    return Settings(
-        preload=["piper"], port=port, cache_max_items=0, cache_dir=ROOT / "var" / "cache",
-        ray_cpus=2, ray_object_store_bytes=200 * 2**20, ray_engine_replicas=replicas,
-        ray_engine_cpus=1, ray_ingress_cpus=0, ray_models_per_replica=1, concurrency=1,
-        queue_size=16, ray_engine_max_ongoing=2, log_level="warning")
+def bursts(system: System, offset: int, engines: Any = None) -> dict[str, Any]:
+    """`BURSTS` times `BURST` requests at once: their first audio (p50, p95 over all of
+    them) and, on a cluster, the engine replicas running after each burst."""
+    firsts: list[float] = []
+    replicas = []
+    for index in range(BURSTS):
+        batch = texts(BURST, offset + BURST * index)
+        with concurrent.futures.ThreadPoolExecutor(BURST) as pool:
+            firsts += [s.ttfa for s in pool.map(system.request, batch)]
+        if engines is not None:
+            replicas.append(engines())
+    summary = percentiles(firsts)
+    out: dict[str, Any] = {"first_audio_ms": {k: round(summary[k] * 1000) for k in
+                                              ("p50", "p95")}, "streams": len(firsts)}
+    if replicas:
+        out["engine_replicas_after_each_burst"] = replicas
+    return out
+
+
+def ray_settings(port: int, **options: Any) -> Settings:
+    values: dict[str, Any] = {
+        "preload": ["piper"], "port": port, "cache_max_items": 0,
+        "cache_dir": ROOT / "var" / "cache", "ray_cpus": 2,
+        "ray_object_store_bytes": 200 * 2**20, "ray_ingress_cpus": 0,
+        "ray_models_per_replica": 1, "concurrency": 1, "queue_size": 16, "log_level": "warning",
+        "ray_engine_replicas": 1, "ray_engine_max_replicas": 1, "ray_engine_cpus": 2}
+    return Settings(**{**values, **options})
+
+
+def redeploy(settings: Settings, replicas: int) -> None:
+    """The application again with other replica shapes: deleted first, so the old replicas'
+    CPUs are free for the new ones (a rolling update on a full 2-CPU cluster would wait)."""
+    from ray import serve
+
+    from app.cluster.app import APP_NAME
+
+    serve.delete(APP_NAME)
+    url = launch.deploy(settings)
+    wait_ready(url, replicas)
+
+
+def running_engines(url: str) -> int:
+    body = httpx.get(url + "/health", timeout=10).json()
+    return int(body["cluster"]["deployment"]["replica_states"].get("RUNNING", 0))
 
 
 def wait_ready(url: str, replicas: int) -> None:
@@ -77,9 +146,10 @@ def wait_ready(url: str, replicas: int) -> None:
 
 def main() -> None:
     result: dict[str, Any] = {"sentences": SENTENCES, "clients": CLIENTS,
-                              "requests_per_run": THROUGHPUT_REQUESTS}
+                              "requests_per_run": THROUGHPUT_REQUESTS,
+                              "runs_per_system": THROUGHPUT_ROUNDS}
     started = time.perf_counter()
-    settings = ray_settings(1, free_port())
+    settings = ray_settings(free_port())
     launch.start_local(settings, log_to_driver=False)
     try:
         url = launch.deploy(settings)
@@ -98,27 +168,40 @@ def main() -> None:
                 "machine": work.shares(),
             }
             work = OtherWork()
-            runs = {"single": load(single, 2000, audio_s), "ray-1": load(ray1, 3000, audio_s)}
-            result["machine_one_replica"] = work.shares()
-        with voxmux_server({**SINGLE, "VOXMUX_CONCURRENCY": "2"}) as single2_url:
-            single2 = VoxMuxClient(single2_url, name="single-c2")
-            single2.request(texts(1, 0)[0])
-            launch.deploy(ray_settings(2, settings.port))
-            wait_ready(url, replicas=2)
-            ray2 = VoxMuxClient(url, name="ray-2")
-            ray2.request(texts(1, 1)[0])
+            runs = loads([single, ray1], 2000, audio_s)
+            result["machine_single_vs_one_replica"] = work.shares()
             work = OtherWork()
-            runs["single-c2"] = load(single2, 4000, audio_s)
-            runs["ray-2"] = load(ray2, 5000, audio_s)
-            result["machine_two_replicas"] = work.shares()
+            result["simultaneous"] = {"single": bursts(single, 9000)}
+            result["machine_simultaneous_single"] = work.shares()
+        redeploy(ray_settings(settings.port, ray_engine_replicas=2, ray_engine_max_replicas=2,
+                              ray_engine_cpus=1), replicas=2)
+        ray2 = VoxMuxClient(url, name="ray-2")
+        ray2.request(texts(1, 1)[0])
+        work = OtherWork()
+        runs |= {k: v for k, v in loads([ray2], 5000, audio_s).items()}
+        result["machine_two_replicas"] = work.shares()
+        redeploy(ray_settings(settings.port, ray_engine_replicas=1, ray_engine_max_replicas=2,
+                              ray_engine_cpus=1), replicas=1)
+        scaling = VoxMuxClient(url, name="ray-autoscaling")
+        scaling.request(texts(1, 1)[0])
+        work = OtherWork()
+        result["simultaneous"]["ray-autoscaling"] = bursts(
+            scaling, 7000, lambda: running_engines(url))
+        result["machine_simultaneous_ray"] = work.shares()
     finally:
         launch.stop(local=True)
-    result["throughput"] = {k: {m: round(v, 3) for m, v in r.items()} for k, r in runs.items()}
+    result["throughput"] = runs
     rate = {k: r["audio_s_per_s"] for k, r in runs.items()}
     result["throughput_ratios"] = {
         "ray-1 / single": round(rate["ray-1"] / rate["single"], 3),
         "ray-2 / ray-1": round(rate["ray-2"] / rate["ray-1"], 3),
-        "ray-2 / single-c2": round(rate["ray-2"] / rate["single-c2"], 3),
+    }
+    result["setup"] = {
+        "single": "voxmux serve, concurrency 1, onnxruntime's own thread count (2 cores)",
+        "ray-1": "one engine replica, num_cpus 2 (2 onnxruntime threads), ingress 0 CPUs",
+        "ray-2": "two engine replicas, num_cpus 1 each (1 onnxruntime thread each)",
+        "ray-autoscaling": "1..2 engine replicas of num_cpus 1, target 1 ongoing request, "
+                           "upscale delay 5 s (the defaults)",
     }
     path = write_result("ray", result)
     print(path.read_text())

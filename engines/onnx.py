@@ -19,11 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import onnxruntime as ort
-
 from engines.base import CancelToken, public_text
 
 log = logging.getLogger(__name__)
+
+def _ort() -> Any:
+    """onnxruntime, imported on first use: only a process that runs an engine pays for it (a
+    cluster's ingress never does)."""
+    import onnxruntime
+
+    return onnxruntime
+
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -67,11 +73,11 @@ class RuntimeOptions:
 
 def available_providers() -> list[str]:
     """Providers compiled into the installed onnxruntime build (not proof that they work)."""
-    return list(ort.get_available_providers())
+    return list(_ort().get_available_providers())
 
 
 def runtime_version() -> str:
-    return str(ort.__version__)
+    return str(_ort().__version__)
 
 
 def runtime_package() -> str:
@@ -89,7 +95,7 @@ def _library_error(provider: str) -> str | None:
     """The shared library a provider cannot load, found by loading its onnxruntime plugin the way
     onnxruntime does; None when it loads (the GPU or driver is the problem) or is not a file."""
     plugin = _PROVIDER_LIBRARIES.get(provider)
-    capi = Path(ort.__file__).parent / "capi"
+    capi = Path(_ort().__file__).parent / "capi"
     if plugin is None or not (capi / plugin).is_file():
         return None
     try:
@@ -123,24 +129,24 @@ def _fell_back_note(provider: str, got: list[str], error: str | None = None) -> 
 def _preload_nvidia_wheels() -> None:
     """Load CUDA/cuDNN from the `nvidia-*` pip wheels when they are installed (the `gpu` extra);
     a CUDA base image provides them system-wide instead and needs nothing here."""
-    if not hasattr(ort, "preload_dlls") or importlib.util.find_spec("nvidia") is None:
+    if not hasattr(_ort(), "preload_dlls") or importlib.util.find_spec("nvidia") is None:
         return
     try:
-        ort.preload_dlls(directory="")
+        _ort().preload_dlls(directory="")
     except Exception as exc:  # the session open that follows reports the real outcome
         log.debug("onnxruntime.preload_dlls failed: %s", exc)
 
 
 def _create(model: Path | bytes, options: RuntimeOptions, intra_op_threads: int | None = None
             ) -> Any:
-    opts = ort.SessionOptions()
+    opts = _ort().SessionOptions()
     opts.intra_op_num_threads = (options.intra_op_threads if intra_op_threads is None
                                  else intra_op_threads)
     opts.inter_op_num_threads = options.inter_op_threads
     opts.add_session_config_entry(
         "session.intra_op.allow_spinning", "1" if options.spinning else "0"
     )
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.graph_optimization_level = _ort().GraphOptimizationLevel.ORT_ENABLE_ALL
     # Without the arena every large tensor is a fresh allocation the kernel must fault in (Piper
     # 15-25 % and Kokoro ~35 % slower, bench/), and glibc keeps the RSS of a long input anyway.
     # The arena is not shrunk after each run: freeing its chunks to glibc only to fault them in
@@ -167,7 +173,7 @@ def _create(model: Path | bytes, options: RuntimeOptions, intra_op_threads: int 
     try:
         # Without its own fallback onnxruntime raises the provider's error instead of printing
         # it, so the note can name the cause (onnxruntime before 1.19 ignores the flag).
-        session = ort.InferenceSession(
+        session = _ort().InferenceSession(
             source, sess_options=opts, providers=wanted,
             provider_options=[options.provider_options.get(p, {}) for p in wanted],
             enable_fallback=0,
@@ -176,7 +182,7 @@ def _create(model: Path | bytes, options: RuntimeOptions, intra_op_threads: int 
         if wanted == [CPU]:
             raise
         error = _short_error(exc)
-        session = ort.InferenceSession(source, sess_options=opts, providers=[CPU])
+        session = _ort().InferenceSession(source, sess_options=opts, providers=[CPU])
     got = list(session.get_providers())
     for provider in wanted:
         if provider not in got:
@@ -199,7 +205,7 @@ def run(session: Any, feeds: dict[str, Any], cancel: CancelToken,
     `RunOptions.terminate`, and onnxruntime gives up at its next node. `outputs`: only these
     (onnxruntime then runs only the nodes they need); None: every output."""
     cancel.check()
-    options = ort.RunOptions()
+    options = _ort().RunOptions()
     forget = cancel.on_cancel(lambda: setattr(options, "terminate", True))
     try:
         return list(session.run(outputs, feeds, options))

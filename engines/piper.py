@@ -39,7 +39,8 @@ from engines.base import (
     describe,
 )
 from engines.espeak_lib import espeak
-from engines.frontend import espeak_runs_spanned, ja
+from engines.frontend import IPA, espeak_runs_spanned, ja
+from engines.frontend.ipa import to_engine
 from engines.onnx import RuntimeOptions, open_session, run, with_outputs
 from engines.signature import digest, file_digest, package_versions
 from engines.voicescan import VoiceChanges, diff
@@ -56,10 +57,10 @@ them the engine knows how many frames any other scale gives this render, for an 
 UNTIMED = "timestamps_unsupported"
 """The error code of a refusal of timestamps, as for an engine that times nothing."""
 HOP = 256
+"""Samples per VITS frame (every Piper voice quality)."""
 RENDERING = 2
 """Raised when a change here alters the audio of an unchanged request (2: the exact slow-down
 scale), so the audio cache, which keys voices by `fingerprint`, serves none rendered before."""
-"""Samples per VITS frame (every Piper voice quality)."""
 PRIOR_FRAMES_PER_SYMBOL = 2.0
 """Typical frames a symbol lasts at the voice's own length scale (measured 1.7-2.4 on English)."""
 SPEED_TOLERANCE = 0.01
@@ -206,6 +207,7 @@ def scan_voice_dir(folder: Path | None) -> tuple[dict[str, PiperModel], dict[str
 
 class PiperEngine:
     name = "piper"
+    phoneme_set = "espeak-ipa"
     # Piper slows down by its own length scale (corrected by `length_factor`, within 2-3%); to
     # speed up it would squeeze most symbols into one frame, where no scale keeps the tempo
     # (2.0 gave 1.6-1.8x), so the time-stretch speeds it up instead.
@@ -345,7 +347,7 @@ class PiperEngine:
         phonemes, owners = "", []
         words: list[align.Word] = []
         for spanned, language in runs:
-            said = unicodedata.normalize("NFD", espeak().phonemize(spanned.text, language))
+            said = _phonemes(spanned.text, language)
             if phonemes:
                 phonemes += " "
                 owners.append(-1)
@@ -354,8 +356,7 @@ class PiperEngine:
                 owners += [-1] * len(said)
                 continue
             found = align.words_of(spanned, language)
-            alone = [unicodedata.normalize("NFD", espeak().phonemize(w.text, language))
-                     for w in found]
+            alone = [_phonemes(w.text, language) for w in found]
             owners += [o + len(words) if o >= 0 else -1 for o in align.owners(said, alone)]
             words += found
         if req.timings and not model.timed:
@@ -405,3 +406,10 @@ class PiperEngine:
 
     def synthesize(self, req: SynthesisRequest) -> Audio:
         return concatenate(self.stream(req))
+
+
+def _phonemes(text: str, language: str) -> str:
+    """NFD IPA as the voice's ids read it: eSpeak NG's, or a client's reading mapped onto it."""
+    if language == IPA:
+        return unicodedata.normalize("NFD", to_engine(text, "espeak-ipa").phonemes)
+    return unicodedata.normalize("NFD", espeak().phonemize(text, language))

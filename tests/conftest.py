@@ -76,6 +76,7 @@ def test_settings(tmp: Path, **overrides: Any) -> Settings:
         "models_dir": tmp / "models",
         "cache_dir": CACHE_DIR,
         "credentials_dir": tmp / "credentials",
+        "data_dir": tmp / "data",
         "preload": ["kokoro"],
         "queue_size": 64,
     }

@@ -29,6 +29,7 @@ MOUNTS = {
     "/data/credentials": "VOXMUX_CREDENTIALS_DIR",
     "/data/logs": "VOXMUX_LOG_DIR",
     "/data/outputs": None,
+    "/data/jobs": "VOXMUX_DATA_DIR",
     "/opt/voxmux/config": "VOXMUX_CONFIG_DIR",
 }
 """Container paths every compose file mounts, and the setting pointing VoxMux at each."""

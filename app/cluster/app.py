@@ -1,15 +1,17 @@
-"""The Serve application: an ingress deployment, the engine deployment, the board.
+"""The Serve application: an ingress deployment and the engine deployment.
 
 `build(settings)` is what `voxmux serve --ray` runs; `build_app` is the same for Serve's own
 tooling (`serve run app.cluster.app:build_app`, KubeRay's RayService `import_path`), with the
 settings taken from the environment (`VOXMUX_*`, set in the runtime env) and the arguments.
 
-Capacity follows the single process: an engine replica takes `concurrency + queue_size` requests
-at once (Serve's `max_ongoing_requests`, or `VOXMUX_RAY_ENGINE_MAX_ONGOING`; they take
-segment-sized turns on its lanes), requests beyond wait in front of the replicas up to
-`queue_size` per ingress replica (`max_queued_requests`), and one more is a 429 with
-`Retry-After`. Serve sends a model's requests to the replicas holding it while they have room,
-then places it on another replica.
+Serve admits and queues; the replicas only render. An engine replica runs `concurrency` render
+sessions at once (Serve's `max_ongoing_requests`), requests beyond wait in Serve's queue in front
+of the replicas, up to `queue_size` per ingress replica (`max_queued_requests`), and one more is a
+429 with `Retry-After`. Serve sends a model's requests to the replicas holding it while they have
+room, then places it on another replica, and its autoscaling adds engine replicas while requests
+wait (up to `ray_engine_max_replicas`) and removes them when the load has gone. A model with
+resources of its own (`ray_model_resources`: a GPU, a node's custom resource) has an engine
+deployment of its own whose replicas Ray places only where those resources are.
 """
 
 from __future__ import annotations
@@ -20,13 +22,12 @@ from typing import Any
 from ray import serve
 from ray.serve import Application
 
-from app.cluster.board import Board
 from app.cluster.engines import Engines
 from app.cluster.ingress import Ingress
 from app.settings import Settings
 
 APP_NAME = "voxmux"
-INGRESS, ENGINES, BOARD = "VoxMux", "VoxMuxEngines", "VoxMuxBoard"
+INGRESS, ENGINES = "VoxMux", "VoxMuxEngines"
 """Deployment names, as Serve's config files (a RayService's `deployments:`) refer to them."""
 
 
@@ -38,29 +39,54 @@ def absolute(settings: Settings) -> Settings:
     return settings.model_copy(update=update)
 
 
+def engine_scaling(settings: Settings) -> dict[str, Any]:
+    """How many engine replicas: Serve's autoscaling between `ray_engine_replicas` and
+    `ray_engine_max_replicas` (aiming at `ray_engine_target_ongoing` requests per replica), or a
+    fixed count when the two are equal."""
+    if settings.ray_engine_max_replicas <= settings.ray_engine_replicas:
+        return {"num_replicas": settings.ray_engine_replicas}
+    return {"autoscaling_config": {
+        "min_replicas": settings.ray_engine_replicas,
+        "initial_replicas": settings.ray_engine_replicas,
+        "max_replicas": settings.ray_engine_max_replicas,
+        "target_ongoing_requests": settings.ray_engine_target_ongoing or settings.concurrency,
+        "upscale_delay_s": settings.ray_engine_upscale_delay,
+        "downscale_delay_s": settings.ray_engine_downscale_delay,
+        **settings.ray_engine_autoscaling,
+    }}
+
+
 def build(settings: Settings, *, engine_options: dict[str, Any] | None = None,
           ingress_options: dict[str, Any] | None = None) -> Application:
     """The application for `settings`; the options override Serve deployment options."""
     settings = absolute(settings)
-    # Its long polls never finish on their own: a stopping board does not wait them out.
-    board = serve.deployment(name=BOARD, num_replicas=1, max_ongoing_requests=10_000,
-                             graceful_shutdown_timeout_s=1, graceful_shutdown_wait_loop_s=0.5,
-                             ray_actor_options={"num_cpus": 0})(Board).bind()
-    engines = serve.deployment(name=ENGINES)(Engines).options(**{
-        "num_replicas": settings.ray_engine_replicas,
-        "max_ongoing_requests": (settings.ray_engine_max_ongoing
-                                 or settings.concurrency + settings.queue_size),
-        "max_queued_requests": settings.queue_size,
-        "ray_actor_options": {"num_cpus": settings.ray_engine_cpus},
-        **(engine_options or {}),
-    }).bind(settings, board)
+
+    def engine_deployment(name: str, resources: dict[str, float], models: list[str] | None
+                          ) -> Application:
+        return serve.deployment(name=name)(Engines).options(**{
+            **engine_scaling(settings),
+            "max_ongoing_requests": settings.concurrency,
+            "max_queued_requests": settings.queue_size,
+            "ray_actor_options": {"num_cpus": settings.ray_engine_cpus, "resources": resources},
+            **(engine_options or {}),
+        }).bind(settings, models)
+
+    placed = settings.ray_model_resources
+    engines = engine_deployment(ENGINES, {}, None)
+    pinned = {model: engine_deployment(placed_name(model), resources, [model])
+              for model, resources in placed.items()}
     ingress: Application = serve.deployment(name=INGRESS)(serve.ingress()(Ingress)).options(**{
         "num_replicas": settings.ray_ingress_replicas,
         "max_ongoing_requests": settings.ray_ingress_max_ongoing,
         "ray_actor_options": {"num_cpus": settings.ray_ingress_cpus},
         **(ingress_options or {}),
-    }).bind(settings, engines, board)
+    }).bind(settings, engines, pinned)
     return ingress
+
+
+def placed_name(model: str) -> str:
+    """The engine deployment of a model placed by resources."""
+    return f"{ENGINES}_{model}"
 
 
 def build_app(args: dict[str, str]) -> Application:

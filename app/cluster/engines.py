@@ -1,12 +1,15 @@
 """The engine deployment: replicas that hold models and render segments.
 
-Each replica is a small single-process VoxMux without HTTP: the catalogue's engine adapters in an
-`EngineRegistry` (leases, loads, per-replica idle unload by `VOXMUX_IDLE_TTL`) and a
-`LocalRenderer` (lanes, turns, cancellable engine calls). Which models a replica holds is Serve's
-multiplexing: a request carries its model as `multiplexed_model_id`, Serve routes it to a replica
-that holds the model (or the one holding fewest), and past `VOXMUX_RAY_MODELS_PER_REPLICA` evicts
-the least recently used. An eviction here only retires the model: it is unloaded when its last
-lease ends, so a request that streams from it is never cut short.
+Each replica renders and nothing else: the catalogue's engine adapters in an `EngineRegistry`
+(leases, loads) and a `LocalRenderer` without admission (cancellable engine calls on the lanes'
+threads). Serve admits: a replica runs at most `max_ongoing_requests` (the model's concurrency)
+sessions, and the rest wait in Serve's queue. Which models a replica holds is Serve's
+multiplexing alone: a request carries its model as `multiplexed_model_id`, Serve routes it to a
+replica that holds the model (or the one holding fewest), and past
+`VOXMUX_RAY_MODELS_PER_REPLICA` evicts the least recently used; no idle TTL unloads behind its
+back. onnxruntime runs as many threads per inference as the replica has CPUs (its `num_cpus`),
+so replicas sharing a node do not oversubscribe it. An eviction here only retires the model: it
+is unloaded when its last lease ends, so a request that streams from it is never cut short.
 
 `render()` is one render session as a stream: `Update`s, then one `Segment` per segment or a
 `Failure`. A cancel from the ingress (the client left) cancels the stream, which cancels the
@@ -21,12 +24,12 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 import ray
 from ray import serve
 
 from app.cluster.messages import Failure, RenderRequest, Segment, Update
+from app.cluster.reports import REPORT_SECONDS, ReplicaGauges
 from app.serving.catalogue import Catalogue
 from app.serving.fleet import ReplicaModel, ReplicaState
 from app.serving.render import LocalRenderer, Progress, RenderWork
@@ -38,8 +41,11 @@ from engines.registry import EngineRegistry, ModelStatus
 
 log = logging.getLogger(__name__)
 
-REPORT_SECONDS = 1.0
-"""A replica reports to the board at least this often, and at once when something changed."""
+def intra_op_threads(configured: int, cpus: float) -> int:
+    """onnxruntime's threads per inference on a replica granted `cpus` CPUs: the setting when
+    given, else one per whole CPU (at least one). onnxruntime's own choice, one per core of the
+    node, would have every replica on a node use all of its cores."""
+    return configured or max(1, int(cpus))
 
 
 class Resident:
@@ -62,19 +68,28 @@ class Resident:
 
 
 class Engines:
-    async def __init__(self, settings: Settings, board: Any) -> None:  # type: ignore[misc]
+    async def __init__(self, settings: Settings,  # type: ignore[misc]
+                       models: list[str] | None = None) -> None:
+        """`models`: the only models this deployment serves (placed by resources); None: any
+        the ingress sends."""
         # An async constructor (Serve awaits it): its tasks start on the replica's loop.
         from app.main import build_registry, runtime_options  # the same wiring as one process
 
         self.settings = settings
-        self._board = board
+        self._models = models
+        # Residency is Serve's multiplex LRU: no bound and no idle TTL of the registry's own.
+        granted = ray.get_runtime_context().get_assigned_resources
+        cpus = granted().get("CPU", 0.0)  # type: ignore[no-untyped-call]
+        local = settings.model_copy(update={
+            "max_loaded": None, "idle_ttl": -1, "model_ttl": {},
+            "intra_op_threads": intra_op_threads(settings.intra_op_threads, cpus)})
         self.registry: EngineRegistry[Lane] = build_registry(
-            settings.model_copy(update={"max_loaded": None}),
-            Catalogue.load(settings.catalogue_path), runtime_options(settings))
-        self.renderer = LocalRenderer(self.registry, settings.request_timeout)
+            local, Catalogue.load(settings.catalogue_path), runtime_options(local))
+        self.renderer = LocalRenderer(self.registry, settings.request_timeout, admission=False)
         context = serve.get_replica_context()
         self.replica = context.replica_id.unique_id
         self.node = ray.get_runtime_context().get_node_id()
+        self._gauges = ReplicaGauges(self.node)
         self._loop = asyncio.get_running_loop()
         self._draining: set[str] = set()
         self._served: Counter[str] = Counter()
@@ -114,9 +129,15 @@ class Engines:
             log.info("model %s unloaded after its eviction", model_id)
         self._touch()
 
+    def _serves(self, model_id: str) -> bool:
+        if self._models is not None:
+            return model_id in self._models
+        return model_id not in self.settings.ray_model_resources
+
     async def _preload_models(self) -> None:
         try:
-            for model_id in self.settings.preload[: self.settings.ray_models_per_replica]:
+            wanted = [m for m in self.settings.preload if self._serves(m)]
+            for model_id in wanted[: self.settings.ray_models_per_replica]:
                 if model_id not in self.registry:
                     continue
                 try:
@@ -223,17 +244,10 @@ class Engines:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), REPORT_SECONDS)
             self._changed.clear()
-            try:
-                await self._board.report.remote(self.state())
-            except Exception as exc:  # the board restarts with the app; keep rendering
-                log.warning("report to the board failed: %s", exc)
-                await asyncio.sleep(REPORT_SECONDS)
+            self._gauges.publish(self.state())
             await asyncio.sleep(REPORT_SECONDS / 10)  # a burst of changes is one report
 
     async def __del__(self) -> None:
         self._reporter.cancel()
         self._preload.cancel()
-        with contextlib.suppress(Exception):
-            await self._board.forget.remote(self.replica)
         await self.registry.close()
-

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from ray import serve
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.cluster.cancels import open_cancels
 from app.cluster.remote import RayRenderer
 from app.settings import Settings
 
@@ -41,11 +42,13 @@ class ClusterHeaders:
 
 
 class Ingress:
-    def __init__(self, settings: Settings, engines: Any, board: Any) -> None:
+    def __init__(self, settings: Settings, engines: Any, placed: dict[str, Any]) -> None:
+        """`engines`: the engine deployment's handle; `placed`: those of the models placed by
+        resources, by model id."""
         self.settings = settings
         self.replica = serve.get_replica_context().replica_id.unique_id
-        self.renderer = RayRenderer(engines, board, settings.request_timeout,
-                                    settings.ray_engine_replicas, self.replica)
+        self.renderer = RayRenderer(engines, open_cancels(settings.cache_url, self.replica),
+                                    settings.request_timeout, placed)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         from app.main import create_app

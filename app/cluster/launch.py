@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import signal
+import threading
 import time
 from typing import Any
 
@@ -43,9 +45,12 @@ def start_local(settings: Settings, *, log_to_driver: bool = True) -> None:
     local_environment()
     import ray
 
+    from app.cluster.reports import LOCAL_REPORT_MS
+
     ray.init(address="local", num_cpus=settings.ray_cpus,
              object_store_memory=settings.ray_object_store_bytes, include_dashboard=False,
-             _node_ip_address=LOOPBACK, log_to_driver=log_to_driver)
+             _node_ip_address=LOOPBACK, log_to_driver=log_to_driver,
+             _system_config={"metrics_report_interval_ms": LOCAL_REPORT_MS})
 
 
 def join(address: str) -> None:
@@ -72,29 +77,35 @@ def stop(*, local: bool) -> None:
 
     from app.cluster.app import APP_NAME
 
+    # Deleting the application first drains it: each replica stops once its requests under way
+    # have finished (Serve's graceful shutdown, at most `graceful_shutdown_timeout_s`), while
+    # the proxy still carries their streams.
+    serve.delete(APP_NAME)
     if local:
         serve.shutdown()  # type: ignore[no-untyped-call]
-        ray.shutdown()
-    else:
-        serve.delete(APP_NAME)
-        ray.shutdown()
+    ray.shutdown()
 
 
 def serve_on_ray(settings: Settings) -> None:
-    """`voxmux serve --ray`: start (or join) the cluster, deploy, wait for Ctrl-C, clean up."""
+    """`voxmux serve --ray`: start (or join) the cluster, deploy, serve until SIGTERM or Ctrl-C,
+    then drain and clean up: Serve lets the requests under way finish (each replica's graceful
+    shutdown) before the cluster stops, and the command exits 0."""
     local = not settings.ray_address
     started = time.perf_counter()
     if local:
         start_local(settings)
     else:
         join(str(settings.ray_address))
+    # Ours, not Ray's: its handler aborts the process ("Aborted", exit 134) with the cluster up.
+    stopping = threading.Event()
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, lambda *_: stopping.set())
     try:
         url = deploy(settings)
         log.info("VoxMux on Ray Serve at %s (cluster and application up in %.1f s)", url,
                  time.perf_counter() - started)
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
+        stopping.wait()
+        log.info("stopping: draining the requests under way")
     finally:
         stop(local=local)
+    log.info("stopped")

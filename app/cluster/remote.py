@@ -6,31 +6,40 @@ front) each sentence is a call of its own. Serve's queue in front of the replica
 (`max_queued_requests`): a full one is the same `Overloaded` (429 with `Retry-After`) as a full
 lane. Leaving the session early (the client left, a cancel) cancels the call, which cancels the
 replica's session and with it the running engine call. Failures on the replica arrive as the very
-errors the single process raises; a replica that dies or stops answering is a `SynthesisFailed`
-or a `RequestTimeout`.
+errors the single process raises. A replica that dies before a call has sent its first segment
+costs nothing but time: the call is sent again (Serve routes it to a live replica, or waits for
+the dead one's replacement). One that dies later ends the request with a `SynthesisFailed` (an
+SSE `error` event, a WebSocket `error` frame, a cut chunked body); one that stops answering, with
+a `RequestTimeout`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import numpy as np
-from ray.exceptions import RayError
+from ray.exceptions import RayActorError, RayError
 from ray.serve.exceptions import BackPressureError
 
+from app.cluster.cancels import Cancels
 from app.cluster.messages import Failure, RenderRequest, Segment, Update
-from app.serving.fleet import ReplicaState
+from app.cluster.reports import read_replicas
+from app.serving.fleet import DeploymentStatus, ReplicaState
 from app.serving.render import Rendered, RenderSession, RenderWork
 from engines.base import Overloaded, RequestTimeout, SynthesisFailed
 from engines.registry import ModelStatus
 
-CANCEL_POLL_SECONDS = 10.0
-"""How long one long poll for cancels waits on the board before asking again."""
+log = logging.getLogger(__name__)
+
+RETRIES = 2
+"""Times a call that a lost replica never answered is sent again."""
 REPORT_WAIT_SECONDS = 5.0
 """How long a load waits for the replica's report before answering."""
 GRACE_SECONDS = 10.0
@@ -39,18 +48,19 @@ replica's own timeout, which reports a 504, comes first)."""
 
 
 class RayRenderer:
-    """`Renderer` and `Fleet` of an ingress replica."""
+    """`Renderer` and `Fleet` of an ingress replica: render sessions are calls to the engine
+    deployment, its status is Serve's (`serve.status()`) and the replicas' own metrics
+    (`app.cluster.reports`), cancels travel through `cancels`."""
 
-    def __init__(self, engines: Any, board: Any, timeout: float, replicas_wanted: int,
-                 replica: str = "") -> None:
+    def __init__(self, engines: Any, cancels: Cancels, timeout: float,
+                 placed: dict[str, Any] | None = None) -> None:
         self._engines = engines
-        self._board = board
+        self._placed = placed or {}
+        """Handles of the engine deployments of models placed by resources."""
+        self._cancels = cancels
+        self.shared_cancel = cancels.shared
         self.timeout = timeout
-        self.replicas_wanted = replicas_wanted
-        self.replica = replica
-        """This ingress replica's id."""
         self._mean_seconds = 1.0
-        self._tasks: set[asyncio.Task[None]] = set()
 
     @asynccontextmanager
     async def session(self, work: RenderWork) -> AsyncIterator[RenderSession]:
@@ -66,49 +76,46 @@ class RayRenderer:
     def call(self, work: RenderWork, segments: tuple[str, ...]) -> Any:
         request = RenderRequest(work.ticket, work.model_id, work.voice, work.native_speed,
                                 work.stretch, work.language, segments, work.timings, work.client)
-        options = self._engines.options(multiplexed_model_id=work.model_id, stream=True)
+        handle = self._placed.get(work.model_id, self._engines)
+        options = handle.options(multiplexed_model_id=work.model_id, stream=True)
         return options.render.remote(request)
 
     def retry_after(self) -> int:
         return max(1, math.ceil(self._mean_seconds))
 
+    # -- status ------------------------------------------------------------------------------
+
+    def _deployments(self) -> list[str]:
+        return [h.deployment_name for h in (self._engines, *self._placed.values())]
+
     async def replicas(self) -> list[ReplicaState]:
-        states: list[ReplicaState] = await self._board.replicas.remote()
-        return states
+        return await read_replicas(self._engines.app_name, set(self._deployments()))
 
-    # -- cancelling by request id across ingress replicas ------------------------------------
+    async def deployment(self) -> DeploymentStatus:
+        """The engine deployments as one: the worst status, replicas by state summed."""
+        from ray import serve
 
-    def opened(self, request_id: str) -> None:
-        self._tell(self._board.opened.remote(self.replica, request_id))
-
-    def closed(self, request_id: str) -> None:
-        self._tell(self._board.closed.remote(self.replica, request_id))
-
-    def _tell(self, response: Any) -> None:
-        async def sent() -> None:
-            with contextlib.suppress(Exception):  # a lost registration only weakens a cancel
-                await response
-
-        task = asyncio.get_running_loop().create_task(sent())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        status = await asyncio.to_thread(serve.status)
+        app = status.applications.get(self._engines.app_name)
+        found = [app.deployments[name] for name in self._deployments()
+                 if app is not None and name in app.deployments]
+        if not found:
+            return DeploymentStatus("NOT_FOUND", {}, "the engine deployment is not running")
+        states: Counter[str] = Counter()
+        for engines in found:
+            states.update({str(getattr(state, "value", state)): count
+                           for state, count in engines.replica_states.items()})
+        statuses = [str(e.status.value) for e in found]
+        worst = next((s for s in ("UNHEALTHY", "DEPLOY_FAILED", "UPDATING", "UPSCALING",
+                                  "DOWNSCALING") if s in statuses), statuses[0])
+        return DeploymentStatus(worst, dict(states),
+                                "; ".join(e.message for e in found if e.message))
 
     async def cancel(self, request_id: str) -> int:
-        count: int = await self._board.cancel.remote(request_id, self.replica)
-        return count
+        return await self._cancels.cancel(request_id)
 
     async def watch_cancels(self, cancel: Callable[[str], int]) -> None:
-        while True:
-            try:
-                request_ids: list[str] = await self._board.cancels.remote(
-                    self.replica, CANCEL_POLL_SECONDS)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # the board is restarting: try again shortly
-                await asyncio.sleep(1)
-                continue
-            for request_id in request_ids:
-                cancel(request_id)
+        await self._cancels.watch(cancel)
 
     async def load(self, model_id: str, voice: str) -> None:
         """Load a model where the cluster routes it: a one-segment render session, so its
@@ -122,13 +129,17 @@ class RayRenderer:
         async with self.session(work) as session:
             await session.render(WARM_UP_TEXT)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + REPORT_WAIT_SECONDS  # until the board shows it, so the answer does
+        deadline = loop.time() + REPORT_WAIT_SECONDS  # until a report shows it, so the answer does
         while loop.time() < deadline:
             replicas = await self.replicas()
             if any(r.models.get(model_id) and r.models[model_id].status is ModelStatus.READY
                    for r in replicas):
                 return
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.1)
+
+
+class _ReplicaLost(Exception):
+    """The replica running the call died or became unreachable."""
 
 
 class _RaySession:
@@ -136,32 +147,54 @@ class _RaySession:
         self._renderer = renderer
         self._work = work
         self._stream: Any = None
+        self._segments: tuple[str, ...] = ()
         self._pending: list[str] = []
         self._ended = True
+        self._answered = False
+        """Whether the current call has sent a segment (then it cannot be sent elsewhere)."""
+        self._retries = 0
+
+    def _call(self, segments: tuple[str, ...]) -> None:
+        with self._mapped():
+            self._stream = self._renderer.call(self._work, segments)
+        self._segments, self._ended, self._answered = segments, False, False
 
     async def render(self, text: str) -> Rendered:
         work = self._work
         if not self._pending:
             await self._finish_stream()
             segments = work.segments if work.segments is not None else (text,)
-            with self._mapped():
-                self._stream = self._renderer.call(work, segments)
-            self._pending, self._ended = list(segments), False
+            self._call(segments)
+            self._pending = list(segments)
             work.progress("queued")
         expected = self._pending.pop(0)
         if expected != text:
             raise SynthesisFailed("The render session got segments out of order")
         while True:
-            item = await self._next()
+            try:
+                item = await self._next()
+            except _ReplicaLost as lost:
+                # Nothing of this call has been sent on: it can start over on another replica
+                # (Serve routes around a dead one, or waits for its replacement).
+                if self._answered or self._retries >= RETRIES:
+                    raise SynthesisFailed(f"The engine replica stopped: {lost}") from None
+                self._retries += 1
+                log.warning("engine replica lost before it answered (%s); trying again", lost)
+                self._call(self._segments)
+                continue
             if isinstance(item, Update):
                 work.progress(item.progress)
             elif isinstance(item, Failure):
                 raise item.error
             elif isinstance(item, Segment):
+                self._answered = True
                 # Own copies: Ray hands large arrays out as read-only views of its object store,
                 # which they would keep pinned while they wait for a slow reader.
-                return Rendered([np.array(chunk, dtype=np.float32, copy=True)
-                                 for chunk in item.chunks], item.words)
+                rendered = Rendered([np.array(chunk, dtype=np.float32, copy=True)
+                                     for chunk in item.chunks], item.words)
+                if not self._pending:  # the call's last segment: read it to its end
+                    await self._finish_stream()
+                return rendered
             else:
                 raise SynthesisFailed("The engine replica ended the session early")
 
@@ -180,7 +213,7 @@ class _RaySession:
 
     @contextmanager
     def _mapped(self) -> Iterator[None]:
-        """Serve's and Ray's errors as VoxMux's."""
+        """Serve's and Ray's errors as VoxMux's (a lost replica as `_ReplicaLost`)."""
         try:
             yield
         except BackPressureError:
@@ -189,13 +222,21 @@ class _RaySession:
                 "in front of them is full; retry later",
                 retry_after=self._renderer.retry_after(),
             ) from None
+        except RayActorError as exc:
+            raise _ReplicaLost(str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                               ) from exc
         except RayError as exc:
             raise SynthesisFailed(f"The engine replica failed: {exc}") from exc
 
     async def _finish_stream(self) -> None:
-        """Read a finished sentence's call to its end (streamed text makes one per sentence)."""
+        """Read a finished call to its end (streamed text makes one per sentence). Every
+        segment has arrived: a replica lost now loses nothing."""
         while self._stream is not None and not self._ended:
-            item = await self._next()
+            try:
+                item = await self._next()
+            except _ReplicaLost:
+                self._ended = True
+                return
             if isinstance(item, Failure):
                 raise item.error
 
@@ -204,8 +245,9 @@ class _RaySession:
         streamed text's sentences are calls of their own."""
 
     def close(self) -> None:
-        """Cancel a call still running; one that never ran (refused, failed) has nothing to
-        cancel, and its error has been raised already."""
+        """Cancel a call that still has segments to send (the job ended early); one that sent
+        them all has been read to its end, and one that never ran (refused, failed) has nothing
+        to cancel and its error has been raised already."""
         if self._stream is not None and not self._ended:
             self._ended = True
             with contextlib.suppress(Exception):

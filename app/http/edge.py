@@ -23,8 +23,8 @@ from app.http.requestid import RequestIdMiddleware
 from app.settings import Settings
 
 EXPOSED_HEADERS = [
-    "X-Request-ID", "X-VoxMux-Stats", "X-VoxMux-Warnings", "X-VoxMux-Cache", "X-Lunavox-Stats",
-    "X-Sample-Rate", "Retry-After",
+    "X-Request-ID", "X-VoxMux-Stats", "X-VoxMux-Warnings", "X-VoxMux-Normalization",
+    "X-VoxMux-Cache", "X-Lunavox-Stats", "X-Sample-Rate", "Retry-After",
 ]
 
 
@@ -38,7 +38,9 @@ def install(app: FastAPI, settings: Settings) -> Authenticator:
     errors.install(app)
     # Added innermost first: a refusal by any layer still passes the ones outside it, so it
     # carries the request id, the security headers and (when on) CORS headers.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    larger = dict.fromkeys(("/v1/audio/jobs", "/v1/audio/batch", "/studio/jobs"),
+                           settings.jobs_max_request_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes, larger=larger)
     app.add_middleware(BodyTimeout, seconds=settings.body_timeout)
     app.add_middleware(WebSocketSendTimeout, seconds=settings.ws_send_timeout)
     explicit = [origin for origin in settings.cors_origins if origin != "*"]

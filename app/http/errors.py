@@ -17,7 +17,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from app.jobs.model import DiskFull, JobNotFound, JobNotReady, StoreUnavailable
 from app.protocols.schemas import ErrorInfo, ErrorResponse
+from app.serving.lexicons import LexiconNotFound
 from app.text.feed import TextBacklogFull
 from engines.base import (
     Cancelled,
@@ -145,6 +147,11 @@ TABLE: dict[type[Exception], ErrorKind] = {
     Forbidden: ErrorKind(403, "permission_error", "forbidden", ws_close=1008, lunavox_close=1008),
     HostNotAllowed: ErrorKind(400, _BAD, "host_not_allowed", ws_close=1008, lunavox_close=1008),
     RequestNotFound: ErrorKind(404, _BAD, "request_not_found"),
+    LexiconNotFound: ErrorKind(404, _BAD, "lexicon_not_found"),
+    JobNotFound: ErrorKind(404, _BAD, "job_not_found"),
+    JobNotReady: ErrorKind(409, _BAD, "job_not_finished"),
+    DiskFull: ErrorKind(507, _SERVER, "disk_full"),
+    StoreUnavailable: ErrorKind(503, _SERVER, "job_store_unavailable"),
     RequestTooLarge: ErrorKind(413, _BAD, "request_too_large"),
     ClientTooSlow: ErrorKind(408, _BAD, "client_too_slow"),
     MalformedRequest: ErrorKind(400, _BAD, "malformed_request"),

@@ -28,17 +28,21 @@ log = logging.getLogger(__name__)
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, larger: dict[str, int] | None = None
+                 ) -> None:
+        """`larger`: routes (exact paths) that take bodies up to their own bound."""
         self.app = app
         self.max_bytes = max_bytes
+        self.larger = larger or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.larger.get(scope["path"], self.max_bytes)
         declared = dict(scope["headers"]).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > self.max_bytes:
-            await error_response(RequestTooLarge(self.max_bytes))(scope, receive, send)
+        if declared.isdigit() and int(declared) > limit:
+            await error_response(RequestTooLarge(limit))(scope, receive, send)
             return
         received = 0
 
@@ -47,8 +51,8 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise RequestTooLarge(self.max_bytes)  # the app's handler answers 413
+                if received > limit:
+                    raise RequestTooLarge(limit)  # the app's handler answers 413
             return message
 
         await self.app(scope, counted, send)

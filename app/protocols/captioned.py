@@ -33,7 +33,8 @@ MEDIA_TYPE = "application/x-ndjson"
 
 
 def _text(job: SpeechJob) -> str:
-    return job.plan.text if isinstance(job.plan.text, str) else ""
+    """The client's text (markup blanked): word spans point into it."""
+    return job.plan.caption_text
 
 
 def _timed(job: SpeechJob, body: dict[str, Any], words: list[WordTiming], start: int = 0,
@@ -83,9 +84,10 @@ def stream_response(job: SpeechJob, fmt: str, caption: CaptionFormat | None) -> 
                     every += segment
                 elif isinstance(event, SegmentEnd):
                     start = offsets[event.index] if event.index < len(offsets) else 0
+                    low, high = job.plan.source_span(start, start + len(event.text))
                     yield _line(_timed(job, {"audio": base64.b64encode(pending).decode(),
                                              "audio_format": content_type},
-                                       segment, start, start + len(event.text)))
+                                       segment, low, high))
                     pending, segment = b"", []
             pending += await encode(encoder, None)
         except Exception as exc:  # the stream is already 200: report, never a broken socket

@@ -56,8 +56,12 @@ def job_headers(job: SpeechJob, sample_rate: int) -> dict[str, str]:
         "X-VoxMux-Segments": str(job.segments),
         "X-VoxMux-Cache": job.cache_use,
     }
-    if plan.warnings:
-        headers["X-VoxMux-Warnings"] = "; ".join(plan.warnings)
+    if plan.warnings:  # header values are Latin-1: other characters as \u escapes
+        headers["X-VoxMux-Warnings"] = "; ".join(plan.warnings).encode(
+            "latin-1", "backslashreplace").decode("latin-1")
+    if plan.report:
+        report = plan.prepared.report if plan.prepared is not None else []
+        headers["X-VoxMux-Normalization"] = json.dumps(report, separators=(",", ":"))
     return headers
 
 
@@ -106,6 +110,9 @@ class JobResponse(Response):
         self._content_type = media_type or content_type(fmt, self._encoder.output_sample_rate)
         self._frame = body
         self._extra_headers = headers or {}
+        self.keep: Callable[[bytes], None] | None = None
+        """Given the whole body, off the event loop, once it has been sent complete (the
+        outputs directory)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async with self.job:
@@ -128,12 +135,17 @@ class JobResponse(Response):
         headers = [(b"content-type", self._content_type.encode())]
         headers += [(k.lower().encode(), v.encode()) for k, v in named.items()]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
+        kept: list[bytes] | None = [] if self.keep is not None else None
         try:
             async for data in self._frame(self.job, _prepend(head, events), self._encoder):
                 await send({"type": "http.response.body", "body": data, "more_body": True})
+                if kept is not None:
+                    kept.append(data)
         except _Aborted:
             return  # the server closes the connection without the final chunk
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if self.keep is not None and kept is not None:
+            await asyncio.to_thread(self.keep, b"".join(kept))
 
 
 async def _prepend(head: list[JobEvent], rest: AsyncIterator[JobEvent]

@@ -54,10 +54,24 @@ class SpeechOptions(Strict):
                 "language": self.language, "instructions": self.instructions}
 
 
+class PronouncedOptions(SpeechOptions):
+    """The speech fields of the routes that take SSML and report how text was read."""
+
+    input_format: Literal["text", "ssml"] | None = Field(
+        None, description="`ssml`: the input is SSML (also detected from a leading `<speak>`)")
+    normalization_report: bool = Field(
+        False, description="Report what each span was read as (say-as, sub, phoneme, lexicon) "
+        "in the `X-VoxMux-Normalization` header")
+
+    def plan_fields(self) -> dict[str, Any]:
+        return super().plan_fields() | {"input_format": self.input_format,
+                                         "report": self.normalization_report}
+
+
 Timestamps = Literal["word"]
 
 
-class SpeechRequest(SpeechOptions):
+class SpeechRequest(PronouncedOptions):
     """OpenAI's `POST /v1/audio/speech` body, plus `language`; `text` is an alias of `input`."""
 
     input: str = Field(validation_alias=AliasChoices("input", "text"))
@@ -68,7 +82,7 @@ class SpeechRequest(SpeechOptions):
         "audio (SSE only)")
 
 
-class CaptionedSpeechRequest(SpeechOptions):
+class CaptionedSpeechRequest(PronouncedOptions):
     """`POST /v1/audio/captioned_speech` (and Kokoro-FastAPI's `/dev/captioned_speech`): the
     speech fields, audio as base64 in JSON with its word timings. `model` defaults to `kokoro`
     as on Kokoro-FastAPI."""
@@ -135,7 +149,7 @@ class SessionRequest(Strict):
 WsAudioFormat = Literal["pcm_s16le", "wav"]
 
 
-class WsOptions(SpeechOptions):
+class WsOptions(PronouncedOptions):
     """First frame of `WS /ws/v1/tts/text`: the speech options, without text."""
 
     format: WsAudioFormat = Field(
@@ -157,6 +171,18 @@ class WsTextMessage(Strict):
 
     type: Literal["text", "flush", "end", "cancel"] = "text"
     text: str = ""
+
+
+class LexiconBody(Strict):
+    """A lexicon's content: `entries` map a word to `/ipa/` or a respelling."""
+
+    language: str = Field("en", min_length=2, max_length=16)
+    scope: str = Field("", description="Empty (every model), a model id, or `model:voice`")
+    entries: dict[str, str]
+
+
+class LexiconCreate(LexiconBody):
+    name: str = Field(min_length=1, max_length=64)
 
 
 class ErrorInfo(BaseModel):
@@ -270,3 +296,64 @@ class Health(BaseModel):
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 409, 429, 500, 503)
 }
+
+
+class BatchItem(SpeechOptions):
+    """One item of `POST /v1/audio/batch`: a speech body (`stream_format` has no place here)."""
+
+    input: str = Field(validation_alias=AliasChoices("input", "text"))
+    response_format: ResponseFormat = "mp3"
+
+
+class BatchRequest(Strict):
+    """`POST /v1/audio/batch`: speech bodies, each checked on its own (a bad one fails alone)."""
+
+    items: list[Any] = Field(min_length=1)
+
+
+class JobItem(Strict):
+    """One item of a job's `items`: its text and what it changes of the job's options."""
+
+    input: str = Field(validation_alias=AliasChoices("input", "text"))
+    title: str | None = None
+    voice: str | VoiceRef | None = None
+    speed: float | None = Field(None, ge=0.25, le=4.0)
+    language: str | None = None
+
+
+class JobRequest(SpeechOptions):
+    """`POST /v1/audio/jobs`: the speech fields and a long `input` (plain text, Markdown or an
+    EPUB in base64, per `input_format`) or a list of `items`; no `max_input_chars` limit."""
+
+    input: str | None = Field(None, validation_alias=AliasChoices("input", "text"))
+    input_format: Literal["text", "markdown", "epub"] = "text"
+    items: list[JobItem] | None = Field(None, min_length=1)
+    response_format: ResponseFormat = "mp3"
+    title: str | None = Field(None, description="The job's name (a book's title)")
+
+
+class JobProgress(BaseModel):
+    done: int
+    total: int
+    audio_seconds: float
+    eta_seconds: float | None
+
+
+class JobCard(BaseModel):
+    id: str
+    object: Literal["audio.job"] = "audio.job"
+    kind: Literal["book", "batch"]
+    status: Literal["queued", "running", "done", "failed", "cancelled"]
+    created_at: int
+    finished_at: int | None = None
+    title: str | None = None
+    model: str | None = None
+    response_format: str | None = None
+    progress: JobProgress
+    error: ErrorInfo | None = None
+    chapters: list[dict[str, Any]] | None = None
+
+
+class JobList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[JobCard]

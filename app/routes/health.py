@@ -25,12 +25,16 @@ async def health(request: Request, service: ServiceDep) -> Health:
     warnings = list(request.app.state.runtime.fallbacks)
     ready = request.app.state.ready.is_set()
     cluster = None
-    if replicas is not None:
-        cluster = cluster_report(replicas, service.fleet)
-        wanted = service.fleet.replicas_wanted if service.fleet is not None else 0
-        ready = ready and bool(replicas) and not any(r.preloading for r in replicas)
-        if ready and len(replicas) < wanted:
-            warnings.append(f"{len(replicas)} of {wanted} engine replicas are reporting")
+    if replicas is not None and service.fleet is not None:
+        deployment = await service.fleet.deployment()
+        cluster = cluster_report(replicas, deployment, service.shared_state())
+        # A replica added by autoscaling preloads while the others serve.
+        ready = ready and any(not r.preloading for r in replicas)
+        if deployment.status == "UNHEALTHY":
+            warnings.append(f"the engine deployment is unhealthy: {deployment.message}")
+        elif ready and len(replicas) < deployment.running:
+            warnings.append(f"{len(replicas)} of {deployment.running} running engine replicas "
+                            "are reporting")
     status: HealthStatus
     if not ready:
         status = "loading"

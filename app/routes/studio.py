@@ -12,12 +12,17 @@ import re
 import time
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, Form, Request
+from fastapi import APIRouter, Depends, FastAPI, File, Form, Request, UploadFile
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
+from pydantic import ValidationError
 
 from app.http.deps import ClientDep, RequestIdDep, ServiceDep
 from app.http.errors import kind_of
+from app.jobs import book
+from app.jobs.front import card, owner_of, start_job
+from app.jobs.runner import JobRunner
+from app.protocols.schemas import JobRequest
 from app.resources import STATIC, TEMPLATES
 from app.routes import studio_audio
 from app.serving.service import SpeechService
@@ -43,7 +48,13 @@ from engines.base import VoxMuxError
 
 HTMX = "htmx-2.0.11.min.js"
 PAGE = "studio.html"
-FRAGMENTS = ("auth", "models", "voices", "stats", "requests", "compare", "blend", "blend_mix")
+FRAGMENTS = ("auth", "models", "voices", "stats", "requests", "compare", "blend", "blend_mix",
+             "jobs")
+JOBS_SHOWN = 10
+CHAPTERS_SHOWN = 30
+STOP_POLLING = 286
+"""htmx stops polling an element whose response has this status (the jobs panel, when no job of
+the caller is queued or running)."""
 RECENT_REQUESTS = 20
 
 router = APIRouter(tags=["studio"], include_in_schema=False)
@@ -85,6 +96,15 @@ async def _context(request: Request, service: SpeechService, blocks: tuple[str, 
             rows = (parse_rows(query.getlist("voice"), query.getlist("weight"))
                     if "voice" in query else blend_editor.rows)
             ctx["mix"] = mix(service, blend_editor.model, rows)
+    if allowed.synthesis and "jobs" in blocks:
+        runner: JobRunner = request.app.state.jobs
+        ctx["chapters_shown"] = CHAPTERS_SHOWN
+        if runner.unavailable is None:
+            jobs = runner.store.jobs(owner_of(request))[-JOBS_SHOWN:][::-1]
+            ctx["jobs"] = [card(runner, job, chapters=True) for job in jobs]
+        else:
+            ctx.setdefault("job_notice", runner.unavailable)
+            ctx.setdefault("job_error", True)
     if allowed.admin and "stats" in blocks:
         ctx["stats"] = await service.report()
     if allowed.admin and "requests" in blocks:
@@ -108,7 +128,59 @@ async def fragment(block: str, request: Request, service: ServiceDep,
                    pages: PagesDep) -> HTMLResponse:
     if block not in FRAGMENTS:
         return HTMLResponse(f"No Studio fragment named {block!r}", status_code=404)
-    return _block(pages, block, await _context(request, service, (block,)))
+    ctx = await _context(request, service, (block,))
+    active = any(job.status in ("queued", "running") for job in ctx.get("jobs", []))
+    return _block(pages, block, ctx, 200 if block != "jobs" or active else STOP_POLLING)
+
+
+@router.post("/studio/jobs", response_class=HTMLResponse, dependencies=[Depends(from_htmx)])
+async def start_studio_job(
+    request: Request,
+    service: ServiceDep,
+    pages: PagesDep,
+    model: Annotated[str, Form()],
+    text: Annotated[str, Form()] = "",
+    file: Annotated[UploadFile | None, File()] = None,
+    title: Annotated[str, Form()] = "",
+    voice: Annotated[str, Form()] = "",
+    format: Annotated[str, Form()] = "mp3",
+    input_format: Annotated[str, Form()] = "text",
+) -> HTMLResponse:
+    """A book from the textarea or an uploaded file (`.epub`, `.md`, text), as a job."""
+    if not access(request).synthesis:
+        ctx = await _context(request, service, ("jobs",), job_notice="Sign in with an API key "
+                             "to start a job.", job_error=True)
+        return _block(pages, "jobs", ctx, 401)
+    status, notice = 200, None
+    try:
+        source, fmt = text, input_format
+        if file is not None and file.filename:
+            data = await file.read()
+            source, fmt = book.upload(file.filename, data)
+        body = JobRequest.model_validate({
+            "model": model, "voice": voice.strip() or None, "input": source,
+            "input_format": fmt, "response_format": format,
+            "title": title.strip() or (file.filename if file is not None else None) or None})
+        job = await start_job(request.app.state.jobs.available(), owner_of(request), body)
+        notice = f"Started {job.id}."
+    except ValidationError as exc:
+        status, notice = 400, "; ".join(str(e["msg"]) for e in exc.errors())
+    except VoxMuxError as exc:
+        status, notice = kind_of(exc).status, exc.message
+    ctx = await _context(request, service, ("jobs",), job_notice=notice, job_error=status >= 400)
+    return _block(pages, "jobs", ctx, status)
+
+
+@router.post("/studio/jobs/{job_id}/cancel", response_class=HTMLResponse,
+             dependencies=[Depends(from_htmx)])
+async def cancel_studio_job(job_id: str, request: Request, service: ServiceDep,
+                            pages: PagesDep) -> HTMLResponse:
+    runner: JobRunner = request.app.state.jobs
+    job = runner.store.job(job_id) if runner.unavailable is None else None
+    if job is not None and job.owner == owner_of(request) and access(request).synthesis:
+        runner.cancel(job)
+    ctx = await _context(request, service, ("jobs",))
+    return _block(pages, "jobs", ctx)
 
 
 @router.post("/studio/models/{model_id}/{action}", response_class=HTMLResponse,

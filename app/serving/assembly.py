@@ -21,7 +21,7 @@ from app.serving.events import JobEvent, SegmentEnd, SegmentWords, Words
 from app.serving.plan import SpeechPlan
 from app.serving.render import Rendered
 from app.text.split import join_kind
-from engines.base import Audio
+from engines.base import Audio, WordTiming
 
 PAUSE_SHARE = {"sentence": 1.0, "clause": 0.5, "word": 0.0}
 """The share of the sentence pause that follows a segment, by how the segment ends."""
@@ -49,24 +49,44 @@ class Assembly:
         self._rate = plan.sample_rate
         self._samples = 0
         """Samples joined so far: where the next piece starts on the job's clock."""
-        self._previous: str | None = None
+        self._previous: str | None = plan.segments[plan.start - 1] if plan.start else None
+        """The segment before the next: a resumed plan's next piece has its pause too."""
+        self._previous_index = plan.start - 1
+        self._tail = 0
+        """Silent samples at the end of the last piece (a break counts them in)."""
 
     def join(self, index: int, text: str, rendered: Rendered) -> Joined:
         chunks, words = list(rendered.chunks), rendered.words
+        rate = self._plan.rates.get(index, 1.0)
+        if rate != 1.0 and chunks:  # SSML prosody rate: this segment at its own tempo
+            whole = np.concatenate(chunks)
+            stretched = dsp.time_stretch(whole, rate, self._rate)
+            scale = len(stretched) / len(whole) if len(whole) else 1.0
+            chunks = [stretched]
+            words = tuple(w.moved(scale=scale) for w in words)
         if self._previous is not None and chunks:
-            pause = self.pause_after(self._previous)
+            pause = self.pause_after(self._previous, self._previous_index)
+            if self._previous_index in self._plan.pauses:  # a break: the silence heard
+                head = dsp.voiced_span(chunks[0], self._rate, keep_ms=0)[0]
+                pause = pause[:max(0, len(pause) - head - self._tail)]
             chunks[0] = np.concatenate([pause, chunks[0]])
             words = tuple(w.moved(shift=len(pause) / self._rate) for w in words)
         if self._plan.timestamps:
             words = tuple(w.moved(shift=self._samples / self._rate) for w in words)
         joined = Joined(index, text, tuple(chunks), words if self._plan.timestamps else ())
         self._samples += joined.samples
-        self._previous = text
+        self._previous, self._previous_index = text, index
+        if chunks:
+            last = chunks[-1]
+            self._tail = len(last) - dsp.voiced_span(last, self._rate, keep_ms=0)[1]
         return joined
 
-    def pause_after(self, segment: str) -> Audio:
+    def pause_after(self, segment: str, index: int = -1) -> Audio:
         """The silence between `segment` and the next. Pauses are part of the tempo: at twice
-        the speed they last half as long."""
+        the speed they last half as long. An SSML break after the segment replaces the pause:
+        the silence heard (the silent edges of both segments included) is the break's length."""
+        if index in self._plan.pauses:  # `join` takes the segments' silent edges off
+            return dsp.pause(self._rate, self._plan.pauses[index] * 1000)
         share = PAUSE_SHARE[join_kind(segment)]
         return dsp.pause(self._rate, self._pause_ms * share / self._plan.speed)
 
@@ -88,9 +108,30 @@ class Assembly:
         yield SegmentEnd(joined.index, joined.text, joined.samples)
 
     def _placed(self, joined: Joined) -> Words:
-        """Segment-relative spans moved to the request text (streamed text keeps them)."""
+        """Segment-relative spans moved to the request text (streamed text keeps them); when
+        SSML or a lexicon made the text the engines read, to the span of what the client sent,
+        each word named as the client wrote it."""
         offsets = self._plan.offsets
         index = joined.index
         if index >= len(offsets) or not offsets[index]:
-            return joined.words
-        return tuple(w.moved(chars=offsets[index]) for w in joined.words)
+            words = joined.words
+        else:
+            words = tuple(w.moved(chars=offsets[index]) for w in joined.words)
+        if self._plan.prepared is None:
+            return words
+        merged: list[WordTiming] = []
+        for word in map(self._to_source, words):
+            last = merged[-1] if merged else None
+            if last is not None and (last.char_start, last.char_end) == (
+                    word.char_start, word.char_end):  # words of one alias or say-as
+                merged[-1] = WordTiming(last.word, last.start, word.end, last.char_start,
+                                        last.char_end)
+            else:
+                merged.append(word)
+        return tuple(merged)
+
+    def _to_source(self, word: WordTiming) -> WordTiming:
+        start, end = self._plan.source_span(word.char_start, word.char_end)
+        written = self._plan.source[start:end]
+        times = word.char_times if len(written) == len(word.word) else ()
+        return WordTiming(written, word.start, word.end, start, end, times)

@@ -60,20 +60,33 @@ class ReplicaState:
                 if s.status in (ModelStatus.READY, ModelStatus.LOADING)]
 
 
+@dataclass(frozen=True)
+class DeploymentStatus:
+    """The engine deployment as the cluster's scheduler (Serve) sees it."""
+
+    status: str
+    """HEALTHY, UPDATING, UPSCALING, DOWNSCALING, UNHEALTHY, ... (Serve's words)."""
+    replica_states: dict[str, int]
+    """Replicas by state: RUNNING, STARTING, STOPPING, ..."""
+    message: str = ""
+
+    @property
+    def running(self) -> int:
+        return self.replica_states.get("RUNNING", 0)
+
+
 class Fleet(Protocol):
     """The engine replicas of a cluster, as the ingress sees them."""
 
-    replicas_wanted: int
+    shared_cancel: bool
+    """Whether a cancel by id reaches the requests of the other ingress replicas."""
 
     async def replicas(self) -> list[ReplicaState]: ...
 
+    async def deployment(self) -> DeploymentStatus: ...
+
     async def load(self, model_id: str, voice: str) -> None:
         """Load a model on the replica the cluster routes it to (rendering a word in `voice`)."""
-
-    def opened(self, request_id: str) -> None:
-        """A job carrying `request_id` runs here (so a cancel elsewhere can find it)."""
-
-    def closed(self, request_id: str) -> None: ...
 
     async def cancel(self, request_id: str) -> int:
         """Cancel `request_id` on the other ingress replicas; how many requests that was."""

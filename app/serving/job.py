@@ -268,7 +268,8 @@ class SpeechJob:
         plan = self.plan
         assembly = Assembly(plan, self._context.pause_ms)
         cache = None
-        if self._context.cache.enabled and not plan.internal and not plan.streamed:
+        if (self._context.cache.enabled and plan.cacheable and not plan.internal
+                and not plan.streamed):
             cache = CacheStep(self._context.cache, self._context.record(plan),
                               timed=plan.timestamps)
             cached = await cache.lookup()
@@ -278,7 +279,7 @@ class SpeechJob:
                     self._emit(assembly, joined)
                 return
         async with self._context.renderer.session(self._work()) as session:
-            index = 0
+            index = plan.start
             while (text := await self._next_segment(index, session)) is not None:
                 joined = assembly.join(index, text, await self._render(session, text))
                 if cache is not None:
@@ -316,6 +317,7 @@ class SpeechJob:
             segments=None if plan.streamed else tuple(plan.segments), cancel=self._cancel,
             timings=plan.timestamps, client=plan.client, progress=self._progress,
             abandon=self._report, rendered=self.meter.sample_memory,
+            background=plan.background,
         )
 
 

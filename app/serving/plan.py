@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from app.serving.scheduler import Lane
 from app.text.feed import TextFeed
+from app.text.prepared import Prepared
 from engines.base import Engine
 from engines.registry import ModelHandle
 
@@ -34,6 +35,41 @@ class SpeechPlan:
     """Where each of `segments` starts in `text` (segments are slices of it)."""
     client: str = ""
     """Who asked (`app.http.clients`): a model's places and turns are shared out by client."""
+    start: int = 0
+    """The first segment to render: a resumed long-form job has the ones before (`app.jobs`)."""
+    background: bool = False
+    """A long-form job's: its segments yield the engine to interactive requests."""
+    cacheable: bool = True
+    """Whether the audio cache may serve or keep the response."""
+    prepared: Prepared | None = None
+    """SSML compiled and lexicons applied: `text` is then what the engines read, and word spans
+    are moved back into the client's text (`prepared.source`)."""
+    pauses: dict[int, float] = field(default_factory=dict)
+    """Segment index -> seconds of silence after it (an SSML break, replacing the pause)."""
+    rates: dict[int, float] = field(default_factory=dict)
+    """Segment index -> tempo that segment is read at (SSML `prosody rate`)."""
+    report: bool = False
+    """Whether the client asked for the normalization report."""
+
+    @property
+    def source(self) -> str:
+        """The text as the client sent it."""
+        if self.prepared is not None:
+            return self.prepared.source
+        return self.text if isinstance(self.text, str) else ""
+
+    @property
+    def caption_text(self) -> str:
+        """The client's text with markup blanked: what captions and alignments quote."""
+        if self.prepared is not None:
+            return self.prepared.display
+        return self.text if isinstance(self.text, str) else ""
+
+    def source_span(self, start: int, end: int) -> tuple[int, int]:
+        """The span of the client's text that `text[start:end]` stands for."""
+        if self.prepared is None:
+            return start, end
+        return self.prepared.source_span(start, end)
 
     @property
     def model_id(self) -> str:

@@ -45,11 +45,16 @@ class RenderRecord:
     """The engine's fingerprint of the voice (`engines.signature`)."""
     pause_ms: int
     code: str
+    pauses: tuple[tuple[int, float], ...] = ()
+    """SSML breaks: (segment index, seconds of silence after it)."""
+    rates: tuple[tuple[int, float], ...] = ()
+    """SSML prosody rates: (segment index, tempo)."""
     """VoxMux's version and audio revision."""
 
     @classmethod
     def of(cls, *, model: str, engine: Engine, voice: str, native_speed: float, stretch: float,
-           language: str | None, segments: list[str] | tuple[str, ...], pause_ms: int
+           language: str | None, segments: list[str] | tuple[str, ...], pause_ms: int,
+           pauses: dict[int, float] | None = None, rates: dict[int, float] | None = None
            ) -> RenderRecord:
         return cls(
             model=model, engine=engine.name, voice=voice,
@@ -57,6 +62,8 @@ class RenderRecord:
             segments=tuple(" ".join(s.split()) for s in segments),
             fingerprint=engine_fingerprint(engine, voice), pause_ms=pause_ms,
             code=f"{package_versions('voxmux')}/audio{AUDIO_REVISION}",
+            pauses=tuple(sorted((pauses or {}).items())),
+            rates=tuple(sorted((rates or {}).items())),
         )
 
     def key(self) -> str:

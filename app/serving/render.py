@@ -70,6 +70,8 @@ class RenderWork:
     """Told why a segment is being abandoned (a timeout), before the engine has stopped."""
     rendered: Callable[[], None] = lambda: None
     """Called in the engine thread after each segment (the job samples its memory there)."""
+    background: bool = False
+    """A long-form job's work: its segments wait while interactive requests want the engine."""
 
 
 Words = tuple[WordTiming, ...]
@@ -152,17 +154,23 @@ def _finish_chunk(chunk: Audio, words: Words, work: RenderWork, rate: int
 
 
 class LocalRenderer:
-    """Segments rendered in this process: lane admission, a registry lease, lane turns."""
+    """Segments rendered in this process: lane admission, a registry lease, lane turns.
 
-    def __init__(self, registry: EngineRegistry[Lane], timeout: float) -> None:
+    `admission=False` (an engine replica of a cluster, where Serve admits and queues requests
+    before they arrive): no places, no refusals; only the lease and the turns."""
+
+    def __init__(self, registry: EngineRegistry[Lane], timeout: float, *,
+                 admission: bool = True) -> None:
         self.registry = registry
         self.timeout = timeout
+        self.admission = admission
 
     @asynccontextmanager
     async def session(self, work: RenderWork) -> AsyncIterator[RenderSession]:
         handle = self.registry[work.model_id]
-        handle.lane.admit(work.client)
-        session = _LocalSession(self.registry, handle.lane, work, self.timeout)
+        if self.admission:
+            handle.lane.admit(work.client)
+        session = _LocalSession(self.registry, handle.lane, work, self.timeout, self.admission)
         try:
             yield session
         finally:
@@ -171,11 +179,12 @@ class LocalRenderer:
 
 class _LocalSession:
     def __init__(self, registry: EngineRegistry[Lane], lane: Lane, work: RenderWork,
-                 timeout: float) -> None:
+                 timeout: float, admission: bool) -> None:
         self._registry = registry
         self._lane = lane
         self._work = work
         self._timeout = timeout
+        self._admission = admission
         self._held: AsyncExitStack | None = None
         self._engine: Engine | None = None
 
@@ -184,7 +193,8 @@ class _LocalSession:
         work, loop = self._work, asyncio.get_running_loop()
         engine = await self._hold()
         deadline = loop.time() + self._timeout
-        async with self._lane.turn(work.ticket, self._timeout, work.client) as turn:
+        async with self._lane.turn(work.ticket, self._timeout, work.client,
+                                   work.background) as turn:
             work.progress("running")
             remaining = max(0.001, deadline - loop.time())
             call = functools.partial(render_segment, engine, text, work)
@@ -197,8 +207,9 @@ class _LocalSession:
         work = self._work
         held = AsyncExitStack()
         try:
-            await held.enter_async_context(
-                self._lane.place(work.ticket, work.client, self._timeout))
+            if self._admission:
+                await held.enter_async_context(
+                    self._lane.place(work.ticket, work.client, self._timeout))
             ready = self._registry[work.model_id].status is ModelStatus.READY
             work.progress("queued" if ready else "loading")
             self._engine = await held.enter_async_context(self._registry.lease(work.model_id))

@@ -14,6 +14,10 @@ already running, and nobody overtakes within a client. A turn's engine call runs
 threads (one per turn) and holds the turn until the call has really returned, even when the request
 was cancelled or timed out meanwhile: the cancel token stops the engine at its next step, and only
 then is the turn handed on.
+
+A `background` turn (a long-form job's segment, `app.jobs`) is handed out only when no other
+request waits for one: an interactive request that arrives while a job renders waits for at most
+the job's segment under way, however long the book.
 """
 
 from __future__ import annotations
@@ -128,6 +132,8 @@ class Lane:
         self._executor = ThreadPoolExecutor(concurrency, thread_name_prefix=f"engine-{model_id}")
         self._turns = 0
         self._round = _Round()
+        self._background: deque[_Waiter] = deque()
+        """Background turns waiting; served only when `_round` has nobody."""
         self._places: dict[str, _Place] = {}
         """Ticket -> its place, in the order they were taken."""
         self._place_waiters: deque[_PlaceWaiter] = deque()
@@ -233,15 +239,17 @@ class Lane:
     # -- turns -------------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def turn(self, ticket: str, timeout: float | None, client: str = ""
-                   ) -> AsyncIterator[Turn]:
-        """Hold one of the `concurrency` turns; waits its client's turn, at most `timeout` s."""
-        if self._turns < self.concurrency and not self._round:
+    async def turn(self, ticket: str, timeout: float | None, client: str = "",
+                   background: bool = False) -> AsyncIterator[Turn]:
+        """Hold one of the `concurrency` turns; waits its client's turn, at most `timeout` s.
+        A `background` turn waits until no other request waits."""
+        idle = not self._round and not (background and self._background)
+        if self._turns < self.concurrency and idle:
             self._turns += 1
             self._round.serve(client)
         else:
-            await self._wait(_Waiter(ticket, client, asyncio.get_running_loop().create_future()),
-                             timeout)
+            waiter = _Waiter(ticket, client, asyncio.get_running_loop().create_future())
+            await self._wait(waiter, timeout, background)
         if ticket in self._places:
             self._places[ticket].started = True
         turn = Turn(self)
@@ -253,14 +261,20 @@ class Lane:
             finally:
                 self._release()
 
-    async def _wait(self, waiter: _Waiter, timeout: float | None) -> None:
-        self._round.add(waiter)
+    async def _wait(self, waiter: _Waiter, timeout: float | None, background: bool = False
+                    ) -> None:
+        if background:
+            self._background.append(waiter)
+        else:
+            self._round.add(waiter)
         try:
             async with asyncio.timeout(timeout):
                 await waiter.future
         except BaseException as exc:
             if waiter.granted:  # the turn arrived as we gave up: pass it on
                 self._release()
+            elif background:
+                self._background.remove(waiter)
             else:
                 self._round.remove(waiter)
             if isinstance(exc, TimeoutError):
@@ -270,12 +284,20 @@ class Lane:
             raise
 
     def _release(self) -> None:
-        waiter = self._round.pop()
+        waiter = self._round.pop() or self._next_background()
         if waiter is None:
             self._turns -= 1
             return
         waiter.granted = True
         waiter.future.set_result(None)
+
+    def _next_background(self) -> _Waiter | None:
+        while self._background:
+            waiter = self._background.popleft()
+            if not waiter.future.done():
+                self._round.serve(waiter.client)
+                return waiter
+        return None
 
     def _counted(self, fn: Callable[[], T]) -> T:
         with self._count_lock:

@@ -18,8 +18,16 @@ from collections import defaultdict
 from dataclasses import asdict
 
 from app.serving.cache import AudioCache, open_cache
-from app.serving.fleet import Fleet, ModelView, ReplicaState, fleet_views, local_views
+from app.serving.fleet import (
+    DeploymentStatus,
+    Fleet,
+    ModelView,
+    ReplicaState,
+    fleet_views,
+    local_views,
+)
 from app.serving.job import JobContext, SpeechJob
+from app.serving.lexicons import LexiconStore
 from app.serving.memory import process_memory
 from app.serving.metrics import Metrics, registry_voice_ids
 from app.serving.plan import SpeechPlan
@@ -29,8 +37,11 @@ from app.serving.scheduler import Lane
 from app.serving.tracking import RequestRecord, ServingStats
 from app.settings import Settings
 from app.text.feed import TextFeed
+from app.text.prepared import cut, prepare
 from app.text.split import first_sentence, segment_offsets, split_text
+from app.text.ssml import detect
 from engines.base import InvalidParameter, SynthesisRequest, TimedEngine, VoiceNotFound
+from engines.frontend.ipa import unsayable
 from engines.registry import EngineRegistry, ModelHandle, ModelStatus, SwitchResult
 
 log = logging.getLogger(__name__)
@@ -58,6 +69,7 @@ class SpeechService:
             settings.cache_max_item_bytes,
         )
         self.renderer = renderer or LocalRenderer(registry, settings.request_timeout)
+        self.lexicons = LexiconStore(settings.lexicons_dir, settings.lexicon_path)
         self.fleet = fleet
         self.stats = stats or ServingStats(settings.request_log_size, settings.stats_window)
         self.metrics = Metrics(registry_voice_ids(registry))  # bounded `voice` labels
@@ -108,7 +120,7 @@ class SpeechService:
         if self.fleet is not None:
             raise InvalidParameter(
                 f"On a cluster, models are placed and {done} by the engine replicas "
-                "(VOXMUX_RAY_MODELS_PER_REPLICA, VOXMUX_IDLE_TTL), not on request",
+                "(Serve's multiplexing, VOXMUX_RAY_MODELS_PER_REPLICA), not on request",
                 param="model", code="cluster_managed",
             )
 
@@ -131,13 +143,19 @@ class SpeechService:
     def plan(self, *, model: str, text: str, voice: str | None = None, speed: float = 1.0,
              language: str | None = None, instructions: str | None = None,
              request_id: str | None = None, internal: bool = False,
-             timestamps: bool = False, whole: bool = False, client: str = "") -> SpeechPlan:
+             timestamps: bool = False, whole: bool = False, client: str = "",
+             input_format: str | None = None, report: bool = False) -> SpeechPlan:
         """A request checked against the model, its engine and the limits, cut into segments.
 
         `whole`: the client gets nothing before the whole clip is made (a route that answers
         with one file), so no segment is kept short for early audio: every one is packed up to
-        the engine's limit, which takes fewer engine calls."""
-        if not any(ch.isalnum() for ch in text):
+        the engine's limit, which takes fewer engine calls.
+
+        `input_format`: `ssml`, `text`, or None to detect `<speak>`; SSML is compiled and the
+        caller's lexicons applied (`app.text.prepared`); `report`: the plan keeps what each
+        span was read as."""
+        ssml = detect(text, input_format)
+        if not ssml and not any(ch.isalnum() for ch in text):
             raise InvalidParameter(
                 "'input' must contain text to speak (letters or digits)", param="input"
             )
@@ -151,26 +169,93 @@ class SpeechService:
                           timestamps)
         plan.internal = internal
         plan.client = client
+        plan.report = report
+
+        def split(piece: str) -> list[str]:
+            return self.cut(plan, piece, whole=whole)
+
+        self._validate_voice(plan, "Hello.")
+        lexicon = None if internal else self.lexicons.for_request(
+            client, language or self._voice_language(plan), plan.model_id, plan.voice)
+        if ssml or lexicon:
+            prepared = prepare(text, input_format="ssml" if ssml else "text", lexicon=lexicon)
+            if not any(ch.isalnum() for ch in prepared.text):
+                raise InvalidParameter("the SSML has no text to speak (letters or digits)",
+                                       param="input")
+            pieces = cut(prepared, split)
+            plan.text, plan.prepared = prepared.text, prepared
+            plan.segments, plan.offsets = pieces.segments, pieces.offsets
+            plan.pauses, plan.rates = pieces.pauses, pieces.rates
+            plan.warnings += prepared.compiled.warnings
+            phoneme_set = getattr(plan.engine, "phoneme_set", None)
+            if phoneme_set is not None:
+                plan.warnings += unsayable(prepared.text, phoneme_set)
+        else:
+            plan.segments = split(text)
+            plan.offsets = segment_offsets(text, plan.segments)
+        self._validate_voice(plan, plan.segments[0])
+        return plan
+
+    def cut(self, plan: SpeechPlan, text: str, *, whole: bool = True,
+            most: int | None = None) -> list[str]:
+        """`text` in the segments `plan`'s engine is given, each at most `most` characters (and
+        never over the engine's limit)."""
         capabilities = plan.engine.capabilities
-        most = capabilities.max_segment_chars
+        limit = capabilities.max_segment_chars
+        most = min(most, limit) if most else limit
         first = most if whole else self.settings.first_segment_chars
         if capabilities.whole_first_sentence and first < most:
             first = max(first, len(first_sentence(text, most)))
-        plan.segments = split_text(
+        return split_text(
             text,
             max_chars=most,
             first_max_chars=first,
             growth=self.settings.segment_growth,
         )
-        plan.offsets = segment_offsets(text, plan.segments)
+
+    def plan_long(self, *, model: str, text: str, segments: list[str] | None = None,
+                  offsets: list[int] | None = None, voice: str | None = None,
+                  speed: float = 1.0, language: str | None = None,
+                  instructions: str | None = None, request_id: str | None = None,
+                  client: str = "", start: int = 0) -> SpeechPlan:
+        """A part of a long-form job (`app.jobs`): any length, packed like a whole file, word
+        timings where the engine has them, never cached, its segments yielding the engine to
+        interactive requests. `segments` and `offsets`, when given, are the cut made when the job
+        was made, so a resumed job renders exactly the segments it planned; `start` is the first
+        still to render."""
+        if not any(ch.isalnum() for ch in text):
+            raise InvalidParameter(
+                "'input' must contain text to speak (letters or digits)", param="input"
+            )
+        handle = self.registry.resolve(model)
+        plan = self._plan(model, text, voice, speed, language, instructions, request_id,
+                          timestamps=isinstance(handle.engine, TimedEngine))
+        plan.client = client
+        plan.segments = segments if segments is not None else self.cut(
+            plan, text, most=self.settings.jobs_segment_chars)
+        plan.offsets = offsets if offsets is not None else segment_offsets(text, plan.segments)
+        plan.start = start
+        plan.background = True
+        plan.cacheable = False
         self._validate_voice(plan, plan.segments[0])
         return plan
+
+    def _voice_language(self, plan: SpeechPlan) -> str:
+        for voice in plan.engine.voices():
+            if voice.id == plan.voice and voice.language:
+                return voice.language
+        return "en"
 
     def plan_stream(self, *, model: str, voice: str | None = None, speed: float = 1.0,
                     language: str | None = None, instructions: str | None = None,
                     request_id: str | None = None, timestamps: bool = False,
-                    client: str = "") -> SpeechPlan:
-        """A text-in request: options checked now (on a probe sentence), text fed later."""
+                    client: str = "", input_format: str | None = None,
+                    report: bool = False) -> SpeechPlan:
+        """A text-in request: options checked now (on a probe sentence), text fed later. SSML
+        needs the whole document, so a text-in session refuses it."""
+        if input_format == "ssml":
+            raise InvalidParameter("SSML needs the whole document in one request; text-in "
+                                   "sessions take plain text", param="input_format")
         plan = self._plan(model, "", voice, speed, language, instructions, request_id,
                           timestamps)
         plan.client = client
@@ -246,8 +331,6 @@ class SpeechService:
         self.stats.open(job.record)
         self._jobs[job.ticket] = job
         self._by_request_id[job.plan.request_id].add(job.ticket)
-        if self.fleet is not None:
-            self.fleet.opened(job.plan.request_id)
 
     def _finished(self, job: SpeechJob) -> None:
         assert job.record is not None and job.stats is not None
@@ -259,8 +342,6 @@ class SpeechService:
                 del self._by_request_id[job.plan.request_id]
         self.stats.close(job.record, job.stats)
         self.metrics.observe_request(job.plan.model_id, job.stats, job.plan.voice)
-        if self.fleet is not None:
-            self.fleet.closed(job.plan.request_id)
 
     def render_record(self, plan: SpeechPlan) -> RenderRecord:
         """What shapes `plan`'s audio: its cache key, and the check that a result is current."""
@@ -268,6 +349,7 @@ class SpeechService:
             model=plan.model_id, engine=plan.engine, voice=plan.voice,
             native_speed=plan.native_speed, stretch=plan.stretch, language=plan.language,
             segments=plan.segments, pause_ms=self.settings.sentence_pause_ms,
+            pauses=plan.pauses, rates=plan.rates,
         )
 
     def cancel(self, request_id: str) -> int:
@@ -335,9 +417,22 @@ class SpeechService:
             "models": models,
             "memory": process_memory(),
         }
-        if replicas is not None:
-            report["cluster"] = cluster_report(replicas, self.fleet)
+        if self.fleet is not None and replicas is not None:
+            report["cluster"] = cluster_report(replicas, await self.fleet.deployment(),
+                                               self.shared_state())
         return report
+
+    def shared_state(self) -> dict[str, object]:
+        """On a cluster: what the ingress replicas share, and what takes Redis to share."""
+        redis = bool(self.settings.cache_url)
+        alone = "only the ingress replica that answered (needs Redis: VOXMUX_CACHE_URL)"
+        return {
+            "redis": redis,
+            "audio_cache": "every ingress replica" if redis else alone,
+            "studio_clips": "every ingress replica" if redis else alone,
+            "cancel_by_id": ("every ingress replica"
+                             if self.fleet is not None and self.fleet.shared_cancel else alone),
+        }
 
     async def metrics_text(self) -> bytes:
         """`GET /metrics`: the counters of this process, levels from wherever engines run."""
@@ -346,10 +441,13 @@ class SpeechService:
         return self.metrics.render(views, await self.cache.snapshot(), replicas)
 
 
-def cluster_report(replicas: list[ReplicaState], fleet: Fleet | None) -> dict[str, object]:
-    """Which engine replica holds which model, and how busy each is."""
+def cluster_report(replicas: list[ReplicaState], deployment: DeploymentStatus,
+                   shared: dict[str, object]) -> dict[str, object]:
+    """The engine deployment as Serve sees it, which replica holds which model, and what the
+    ingress replicas share."""
     return {
-        "replicas_wanted": fleet.replicas_wanted if fleet is not None else len(replicas),
+        "deployment": asdict(deployment),
+        "shared": shared,
         "replicas": [
             {
                 "id": r.id,

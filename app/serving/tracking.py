@@ -1,6 +1,7 @@
 """What the server has been doing: one record per request, the requests running now, totals.
 
-A request is known by its ticket, unique within the process; the client's `X-Request-ID` maps to
+A request is known by its ticket, a random id unique across processes (a cluster's ingress
+replicas send them to the same engine replicas); the client's `X-Request-ID` maps to
 the tickets that carry it (clients may reuse ids). Each request has a live `RequestRecord` (its
 line in `/requests`) and, once it has ended, one `RequestStats`, built once: the stats envelope,
 the `/requests` row, `/stats`, Prometheus and LunaVox's stats are all read from it. Everything here
@@ -9,9 +10,9 @@ is updated from the event loop only.
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -26,11 +27,8 @@ Outcome = Literal["done", "error", "timeout", "cancelled", "rejected"]
 """How a request ended; `rejected` (queue full, 429) shows as `error` in the log."""
 CacheUse = Literal["hit", "miss", "off"]
 
-_tickets = itertools.count(1)
-
-
 def new_ticket() -> str:
-    return f"t{next(_tickets)}"
+    return f"t{uuid.uuid4().hex}"
 
 
 @dataclass(frozen=True)

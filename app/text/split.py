@@ -14,6 +14,7 @@ to hear while they run). `join_kind` says how a segment ends, so the pause after
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from collections.abc import Iterator
@@ -333,7 +334,11 @@ def pack(text: str, segments: list[str], *, first_max_chars: int, max_chars: int
     start = end = -1
     first = len(packed)
     for segment, offset in zip(segments[first:], offsets[first:], strict=True):
-        budget = min(max_chars, int(first_max_chars * growth ** len(packed)))
+        # Compared in logs first: past ~1,000 segments growth ** k overflows (a book has more).
+        if math.log(first_max_chars) + len(packed) * math.log(growth) >= math.log(max_chars):
+            budget = max_chars
+        else:
+            budget = min(max_chars, int(first_max_chars * growth ** len(packed)))
         paragraph = text[end:offset].count("\n") >= 2 if start >= 0 else False
         if start >= 0 and not paragraph and offset + len(segment) - start <= budget:
             end = offset + len(segment)

@@ -13,9 +13,15 @@ from dataclasses import dataclass
 from engines.frontend import en, ja, zh
 from engines.frontend.detect import Run, base_language, canonical, split_runs
 from engines.frontend.espeak_voices import espeak_language
+from engines.frontend.ipa import INLINE
 from engines.frontend.spans import Spanned
 
+IPA = "x-ipa"
+"""The language of a run that is a reading in IPA (`[word](/ipa/)`): each engine maps it onto
+its own phoneme set (`engines.frontend.ipa`), its characters span the word it reads."""
+
 __all__ = [
+    "IPA",
     "Run",
     "Spanned",
     "SpannedRun",
@@ -65,9 +71,20 @@ def prepare(text: str, *, default: str, override: str | None = None) -> list[Run
 
 def prepare_spanned(text: str, *, default: str, override: str | None = None
                     ) -> list[SpannedRun]:
-    """`prepare`, each run's characters with their span in `text`."""
+    """`prepare`, each run's characters with their span in `text`; a `[word](/ipa/)` is a run
+    of its own in `IPA`, spanning `word`."""
     runs: list[SpannedRun] = []
-    offset = 0
+    position = 0
+    for match in INLINE.finditer(text):
+        _prepare_piece(text[position:match.start()], position, default, override, runs)
+        runs.append(SpannedRun(Spanned.made_from(match["ipa"], *match.span("word")), IPA))
+        position = match.end()
+    _prepare_piece(text[position:], position, default, override, runs)
+    return runs
+
+
+def _prepare_piece(text: str, offset: int, default: str, override: str | None,
+                   runs: list[SpannedRun]) -> None:
     for run in split_runs(text, default, override):
         spoken = normalize_spanned(Spanned.of(run.text, offset), run.language)
         offset += len(run.text)
@@ -81,7 +98,6 @@ def prepare_spanned(text: str, *, default: str, override: str | None = None
                 runs[-1] = SpannedRun(runs[-1].text + part, piece.language)
             else:
                 runs.append(SpannedRun(part, piece.language))
-    return runs
 
 
 def supported(language: str) -> bool:
@@ -104,6 +120,9 @@ def espeak_runs_spanned(text: str, *, voice_language: str, override: str | None 
     voice_base = base_language(voice_language)
     pairs: list[tuple[Spanned, str]] = []
     for run in prepare_spanned(text, default=voice_language, override=override):
+        if run.language == IPA:
+            pairs.append((run.text, IPA))
+            continue
         base = base_language(run.language)
         language = voice_language if base == voice_base else (
             espeak_language(run.language) or voice_language)

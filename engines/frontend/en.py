@@ -286,6 +286,8 @@ _RULES: list[Rule] = [
     (re.compile(r"#(?=\d)"), lambda m: "number "),
     (re.compile(r"\b(?P<m>" + "|".join(_MONTH_ABBREVIATIONS) + r")\.(?=\s*\d)"),
      lambda m: _MONTH_ABBREVIATIONS[m["m"]]),
+    # A range of amounts, `$5-$10`: "five dollars to ten dollars".
+    (re.compile(r"(?<=\d)\s?[–-]\s?(?=(?:US\$|[$€£¥₹₩])\d)"), lambda m: " to "),
     (re.compile(r"(?P<symbol>US\$|[$€£¥₹₩])\s?(?P<amount>" + NUMBER + r")"
                 r"(?:\s?(?P<scale>mn|bn|[kKmMbBtT]\b|(?:thousand|million|billion|trillion)\b))?"),
      _money),

@@ -39,6 +39,7 @@ def cluster_settings(tmp: Path, **overrides: Any) -> Settings:
         "ray_object_store_bytes": OBJECT_STORE,
         "ray_engine_cpus": 0.5,
         "ray_ingress_cpus": 0,
+        "ray_engine_max_replicas": 1,  # a fixed count unless a test asks for autoscaling
         "request_timeout": 60,
     }
     values.update(overrides)
@@ -86,3 +87,17 @@ def until(check: Any, timeout: float = 30, every: float = 0.2) -> Any:
         time.sleep(every)
 
 
+
+
+def in_replicas(deployment: str, check: Any) -> list[Any]:
+    """`check()` run inside every replica of `deployment` (its actor, through Ray)."""
+    import ray
+
+    from app.cluster.app import APP_NAME
+
+    results = []
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["name"].startswith(f"SERVE_REPLICA::{APP_NAME}#{deployment}#"):
+            handle = ray.get_actor(actor["name"], namespace=actor["namespace"])
+            results.append(ray.get(handle.__ray_call__.remote(lambda _: check())))
+    return results

@@ -5,6 +5,7 @@ the cache budgets."""
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from app.cluster.app import ENGINES, build_app
+from app.cluster.app import build_app, engine_scaling
 from app.settings import Settings
 
 RAY = Path(__file__).resolve().parents[2] / "docker" / "ray"
@@ -46,14 +47,27 @@ def test_compose_runs_voxmux_on_the_cluster_with_redis(monkeypatch: pytest.Monke
     assert head["environment"]["RAY_AUTH_MODE"] == "token"
 
 
-def test_rayservice_names_the_builder_and_its_deployments(monkeypatch: pytest.MonkeyPatch
-                                                          ) -> None:
+def test_rayservice_names_the_builder_and_autoscales_what_its_workers_hold(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     service = yaml.safe_load((RAY / "rayservice.yaml").read_text())
     config = yaml.safe_load(service["spec"]["serveConfigV2"])
     (application,) = config["applications"]
     module, _, name = application["import_path"].partition(":")
     assert getattr(importlib.import_module(module), name) is build_app
-    assert [d["name"] for d in application["deployments"]] == [ENGINES]
+    assert "deployments" not in application  # sizing and autoscaling come from VOXMUX_*
     settings = voxmux_env(application["runtime_env"]["env_vars"], monkeypatch)
-    assert settings.cache_url and settings.ray_engine_replicas == 4
+    assert settings.cache_url
+    scaling = engine_scaling(settings)["autoscaling_config"]
+    assert (scaling["min_replicas"], scaling["max_replicas"]) == (2, 8)
+    assert scaling["target_ongoing_requests"] == settings.concurrency == 1
+    cluster = service["spec"]["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] is True
+    (workers,) = cluster["workerGroupSpecs"]
+    cpus = float(workers["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"])
+    # At the ceiling, even with each ingress replica on a pod of its own, the engines fit.
+    with_ingress = min(settings.ray_ingress_replicas, workers["maxReplicas"])
+    fits = (with_ingress * ((cpus - settings.ray_ingress_cpus) // settings.ray_engine_cpus)
+            + (workers["maxReplicas"] - with_ingress) * (cpus // settings.ray_engine_cpus))
+    assert fits >= scaling["max_replicas"]
+    assert cluster["rayVersion"] == importlib.metadata.version("ray")
     assert build_app(dict(application["args"])) is not None  # builds without a cluster

@@ -8,6 +8,7 @@ replica to watch an eviction meet a stream.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import random
@@ -26,7 +27,14 @@ from websockets.sync.client import connect
 
 from app.cluster import launch
 from app.settings import Settings
-from tests.cluster.conftest import cluster_settings, cluster_state, holders, until, wait_healthy
+from tests.cluster.conftest import (
+    cluster_settings,
+    cluster_state,
+    holders,
+    in_replicas,
+    until,
+    wait_healthy,
+)
 from tests.conftest import decode
 from tests.hearing import hear, word_error_rate
 from tests.redisserver import redis_server
@@ -55,9 +63,19 @@ def unique(text: str) -> str:
 class Deployed:
     url: str
     settings: Settings
+    current: Settings | None = None
+    """What runs now, when a test redeployed."""
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=120)
+
+    def redeploy(self, **update: Any) -> None:
+        """Run the application with these settings changed (unless it runs so already)."""
+        wanted = self.settings.model_copy(update=update)
+        if wanted != self.current:
+            launch.deploy(wanted)
+            self.current = wanted
+        wait_healthy(self.url, replicas=wanted.ray_engine_replicas)
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +107,38 @@ def test_the_cluster_binds_loopback_only(cluster: Deployed) -> None:
     assert nodes[0]["Resources"]["CPU"] == 2
     assert nodes[0]["Resources"]["object_store_memory"] <= cluster.settings.ray_object_store_bytes
     assert not (Path.home() / ".ray" / "auth_token").exists()
+
+
+def test_serve_runs_the_ingress_and_the_engines_only(cluster: Deployed) -> None:
+    """No deployment of VoxMux's own beside the two (no board): status comes from Serve and the
+    replicas' metrics."""
+    from ray import serve
+
+    from app.cluster.app import APP_NAME, ENGINES, INGRESS
+
+    assert set(serve.status().applications[APP_NAME].deployments) == {INGRESS, ENGINES}
+    with cluster.client() as http:
+        deployment = http.get("/health").json()["cluster"]["deployment"]
+    assert deployment["status"] == "HEALTHY" and deployment["replica_states"] == {"RUNNING": 2}
+
+
+def onnxruntime_imported() -> bool:
+    import sys
+
+    return "onnxruntime" in sys.modules
+
+
+def test_only_engine_replicas_import_onnxruntime(cluster: Deployed) -> None:
+    """The ingress plans from catalogue data (voices, capabilities, fingerprints) and never
+    imports onnxruntime; an engine replica that has loaded a model has."""
+    from app.cluster.app import ENGINES, INGRESS
+
+    for model in ("kokoro", "piper"):  # plans, voices, cache keys on the ingress
+        assert speech(cluster, model, unique("Planned on the ingress.")).status_code == 200
+    with cluster.client() as http:
+        assert http.get("/v1/audio/voices", params={"model": "kokoro"}).status_code == 200
+    assert in_replicas(INGRESS, onnxruntime_imported) == [False, False]
+    assert True in in_replicas(ENGINES, onnxruntime_imported)
 
 
 def test_openai_sdk_speech_on_piper_and_espeak(cluster: Deployed) -> None:
@@ -301,14 +351,73 @@ def test_streamed_text_over_websocket_speaks_each_sentence(cluster: Deployed) ->
     assert word_error_rate("The first sentence arrives. Then a second one follows.", heard) < 0.4
 
 
+def ray_logs() -> dict[Path, int]:
+    """Every log file of the local cluster (replicas, workers, Serve) and its size now."""
+    import ray
+
+    folder = Path(ray._private.worker._global_node.get_logs_dir_path())
+    return {path: path.stat().st_size for path in folder.rglob("*") if path.is_file()}
+
+
+def written_since(before: dict[Path, int]) -> str:
+    """What the cluster's logs gained since `before`."""
+    text = []
+    for path in ray_logs():
+        with path.open("rb") as file:
+            file.seek(before.get(path, 0))
+            text.append(file.read().decode(errors="replace"))
+    return "".join(text)
+
+
+def test_two_ingress_replicas_stream_through_one_engine_replica(cluster: Deployed) -> None:
+    """16 streams at once from both ingress replicas to one engine replica that renders one
+    at a time: every one is queued by Serve and spoken whole; nothing collides on the replica."""
+    cluster.redeploy(ray_engine_replicas=1, ray_ingress_replicas=2, queue_size=16,
+                     cache_url=None, cache_max_items=0)
+    speech(cluster, "piper", "Warm.").raise_for_status()
+    logs = ray_logs()
+    results: list[tuple[str, list[dict[str, Any]]]] = []
+    lock = threading.Lock()
+    text = "Two sentences for each stream. The second one closes it."
+
+    def one() -> None:
+        with httpx.Client(base_url=cluster.url, timeout=300) as http, http.stream(
+            "POST", "/v1/audio/speech", json={
+                "model": "piper", "voice": "alloy", "input": unique(text),
+                "response_format": "pcm", "stream_format": "sse"}) as response:
+            assert response.status_code == 200, response.read()
+            events = [json.loads(line[6:]) for line in response.iter_lines()
+                      if line.startswith("data: ")]
+            with lock:
+                results.append((response.headers["x-voxmux-replica"], events))
+
+    threads = [threading.Thread(target=one) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert len(results) == 16
+    assert len({replica for replica, _ in results}) == 2  # both ingress replicas took some
+    for _, events in results:
+        kinds = [e["type"] for e in events]
+        assert kinds and kinds[-1] == "speech.audio.done", events[-1:]
+        assert set(kinds[:-1]) == {"speech.audio.delta"}
+        pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+        assert decode(pcm, "pcm", pcm_rate=24000).duration > 2
+    logged = written_since(logs)
+    assert "Traceback" not in logged and "KeyError" not in logged, logged[-3000:]
+
+
+NARROW = {"ray_engine_replicas": 1, "ray_ingress_replicas": 1, "cache_url": None,
+          "cache_max_items": 0, "concurrency": 2}
+"""One engine replica taking two requests at once, one ingress replica, no cache."""
+
+
 def test_an_evicted_model_finishes_the_stream_it_serves(cluster: Deployed) -> None:
-    """One engine replica holding one model: espeak evicts piper while piper streams a long
-    text; piper is unloaded only when that stream has ended, and its body is whole."""
-    narrow = cluster.settings.model_copy(update={
-        "ray_engine_replicas": 1, "ray_ingress_replicas": 1, "cache_url": None,
-        "cache_max_items": 0})
-    launch.deploy(narrow)
-    wait_healthy(cluster.url, replicas=1)
+    """One engine replica holding one model, two requests at a time: espeak evicts piper while
+    piper streams a long text; piper is unloaded only when that stream has ended, and its body
+    is whole."""
+    cluster.redeploy(**NARROW)
     last = "The very last sentence is about purple elephants."
     text = " ".join([*SENTENCES, *SENTENCES, *SENTENCES, last])
 
@@ -344,3 +453,106 @@ def test_an_evicted_model_finishes_the_stream_it_serves(cluster: Deployed) -> No
     assert until(piper_gone)  # unloaded once its stream ended: nothing is kept past the bound
     (replica,) = cluster_state(cluster.url)
     assert replica["holds"] == ["espeak"]
+
+
+def sse_events(response: httpx.Response, after_first: Any = None) -> list[dict[str, Any]]:
+    """The SSE events of `response`; `after_first()` is called once the first has arrived."""
+    events: list[dict[str, Any]] = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            events.append(json.loads(line[6:]))
+            if len(events) == 1 and after_first is not None:
+                after_first()
+    return events
+
+
+def test_a_killed_engine_replica_ends_its_stream_with_an_error(cluster: Deployed) -> None:
+    """SIGKILL on the engine replica mid-stream: the stream ends with an SSE error event at
+    once (no hang), Serve starts a new replica and the next request is served by it."""
+    import os
+    import signal
+
+    from app.cluster.app import ENGINES
+
+    cluster.redeploy(**NARROW)
+    speech(cluster, "piper", "Warm.").raise_for_status()
+    (pid,) = in_replicas(ENGINES, os.getpid)
+    started = time.monotonic()
+    with cluster.client() as http, http.stream("POST", "/v1/audio/speech", json={
+        "model": "piper", "voice": "alloy", "input": unique(" ".join(SENTENCES * 3)),
+        "response_format": "pcm", "stream_format": "sse"}) as response:
+        assert response.status_code == 200
+        events = sse_events(response, lambda: os.kill(pid, signal.SIGKILL))
+    assert time.monotonic() - started < 30
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "speech.audio.delta" and kinds[-1] == "error", kinds
+    assert "speech.audio.done" not in kinds
+    assert events[-1]["error"]["type"] == "server_error", events[-1]
+    after = speech(cluster, "piper", unique("The new replica speaks."))
+    assert after.status_code == 200, after.text
+    assert decode(after.content, "wav").duration > 1
+    assert in_replicas(ENGINES, os.getpid) != [pid]
+
+
+def test_a_request_its_dead_replica_never_answered_is_served_by_another(cluster: Deployed
+                                                                         ) -> None:
+    """SIGKILL on the engine replica while a request waits there for Kokoro to load (its
+    Japanese reader starts: seconds): no byte has been sent, so the call is sent again and the
+    client gets the whole clip from the replacement replica."""
+    import os
+    import signal
+
+    from app.cluster.app import ENGINES
+
+    cluster.redeploy(**NARROW)
+    (pid,) = in_replicas(ENGINES, os.getpid)
+    assert not holders(cluster.url, "kokoro")
+    answers: list[httpx.Response] = []
+    asking = threading.Thread(target=lambda: answers.append(
+        speech(cluster, "kokoro", unique("Spoken after all."))))
+    asking.start()
+    time.sleep(0.5)
+    os.kill(pid, signal.SIGKILL)
+    asking.join(timeout=180)
+    (answer,) = answers
+    assert answer.status_code == 200, answer.text
+    audio = decode(answer.content, "wav")
+    assert audio.sample_rate == 24000 and audio.duration > 1 and audio.rms > 0.01
+    assert in_replicas(ENGINES, os.getpid) != [pid]
+
+
+def running_engines(deployed: Deployed) -> int:
+    with deployed.client() as http:
+        deployment = http.get("/health").json()["cluster"]["deployment"]
+    return int(deployment["replica_states"].get("RUNNING", 0))
+
+
+def test_autoscaling_adds_an_engine_replica_under_load_and_removes_it_after(cluster: Deployed
+                                                                            ) -> None:
+    """Four clients streaming without pause to one replica that renders one request at a time:
+    Serve adds a second replica; once they stop, it goes (a short downscale delay here)."""
+    cluster.redeploy(ray_engine_replicas=1, ray_engine_max_replicas=2, ray_ingress_replicas=1,
+                     cache_url=None, cache_max_items=0, queue_size=16,
+                     ray_engine_upscale_delay=0, ray_engine_downscale_delay=2,
+                     ray_engine_autoscaling={"look_back_period_s": 2, "metrics_interval_s": 0.5})
+    assert running_engines(cluster) == 1
+    stop = threading.Event()
+    statuses: list[int] = []
+
+    def client() -> None:
+        while not stop.is_set():
+            response = speech(cluster, "piper", unique(" ".join(SENTENCES[:3])), fmt="pcm")
+            statuses.append(response.status_code)
+
+    clients = [threading.Thread(target=client) for _ in range(4)]
+    for thread in clients:
+        thread.start()
+    try:
+        assert until(lambda: running_engines(cluster) == 2, timeout=90, every=0.5)
+        assert until(lambda: len(cluster_state(cluster.url)) == 2, timeout=60)
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join(timeout=120)
+    assert statuses and set(statuses) == {200}
+    assert until(lambda: running_engines(cluster) == 1, timeout=90, every=0.5)

@@ -114,23 +114,78 @@ def test_piper_exact_factor_gives_the_frames_the_speed_asks() -> None:
         assert np.ceil(durations * factor * 0.99).sum() < normal / speed
 
 
-def test_piper_slows_down_to_the_asked_tempo() -> None:
-    """Piper samples its durations, so one render is +-1.2% from the next: the mean over three
-    texts rendered three times each is within 1.5% of 1/speed (the graph's unrounded durations
-    give the scale; a frames-per-symbol estimate came out 3-3.5% fast at 0.8 and 0.9)."""
+PIPER_TEMPO_TEXTS = (
+    "A small boat drifted across the quiet lake while the sun went down behind the hills.",
+    "Please remember to bring your notes, a pencil and something to drink later.",
+    "The quick brown fox jumps over the lazy dog on a sunny day in the park.")
+
+
+def _piper_tempo_error(noise_w: float | None, renders: int) -> dict[float, float]:
+    """How far from 1/speed the frames of the tempo texts come out at 0.5, 0.8 and 0.9."""
     engine = PiperEngine(None, RuntimeOptions(), CACHE_DIR)
     engine.load()
     voice = engine.default_voice
-    texts = ("A small boat drifted across the quiet lake while the sun went down behind the hills.",
-             "Please remember to bring your notes, a pencil and something to drink later.",
-             "The quick brown fox jumps over the lazy dog on a sunny day in the park.")
+    if noise_w is not None:
+        model, _ = engine._resolve(voice)
+        model.config.setdefault("inference", {})["noise_w"] = noise_w
     try:
         def frames(speed: float) -> float:
             return sum(engine.synthesize(SynthesisRequest(text, voice, speed=speed)).size
-                       for text in texts for _ in range(3))
+                       for text in PIPER_TEMPO_TEXTS for _ in range(renders))
 
         normal = frames(1.0)
-        off = {speed: round(normal / frames(speed) / speed - 1, 3) for speed in (0.5, 0.8, 0.9)}
+        return {speed: round(normal / frames(speed) / speed - 1, 3) for speed in (0.5, 0.8, 0.9)}
     finally:
         engine.unload()
-    assert all(abs(error) <= 0.015 for error in off.values()), off
+
+
+def test_piper_slows_down_to_the_exact_tempo_when_durations_are_not_sampled() -> None:
+    """With the duration noise off, a render lasts what its scale says: the tempo is within the
+    engine's re-render tolerance (1%) plus a frame of rounding (a frames-per-symbol estimate came
+    out 3-3.5% fast at 0.8 and 0.9)."""
+    off = _piper_tempo_error(noise_w=0.0, renders=1)
+    assert all(abs(error) <= 0.012 for error in off.values()), off
+
+
+def test_piper_slows_down_to_the_asked_tempo() -> None:
+    """With the voice's own duration noise one render is +-1.2% from the next and the engine
+    keeps a first render within 1% of the tempo: the mean over three texts rendered three times
+    each is within 3% of 1/speed (seen up to 1.7% at 0.5; the old estimator was 3-5% fast)."""
+    off = _piper_tempo_error(noise_w=None, renders=3)
+    assert all(abs(error) <= 0.03 for error in off.values()), off
+
+
+ESPEAK_TEXTS = ("The quick brown fox jumps over the lazy dog. It was a bright cold day.",
+                "Chapter two. The clocks were striking thirteen, and nobody minded.")
+ESPEAK_SAME = """
+import hashlib, sys
+from engines.espeak import EspeakEngine
+from engines.base import SynthesisRequest
+engine = EspeakEngine()
+engine.load()
+audio = engine.synthesize(SynthesisRequest(text=sys.argv[1], voice=sys.argv[2]))
+print(hashlib.sha256(audio.tobytes()).hexdigest())
+"""
+
+
+@pytest.mark.parametrize("voice", ["en-us", "en-gb+f3"])  # Klatt variants: not reproducible
+def test_espeak_speaks_a_text_the_same_every_time(voice: str) -> None:
+    """A long job resumed in a new process must match an uninterrupted one: eSpeak NG's pitch
+    flutter used to run on from one call to the next (the same text, other samples)."""
+    import hashlib
+    import subprocess
+    import sys
+
+    engine = EspeakEngine()
+    engine.load()
+
+    def say(text: str) -> str:
+        audio = engine.synthesize(SynthesisRequest(text=text, voice=voice))
+        return hashlib.sha256(audio.tobytes()).hexdigest()
+
+    first = say(ESPEAK_TEXTS[0])
+    say(ESPEAK_TEXTS[1])
+    assert say(ESPEAK_TEXTS[0]) == first
+    fresh = subprocess.run([sys.executable, "-c", ESPEAK_SAME, ESPEAK_TEXTS[0], voice],
+                           capture_output=True, text=True, check=True)
+    assert fresh.stdout.strip() == first

@@ -26,7 +26,7 @@ def cuda_in_build(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_probe_model_runs() -> None:
-    session = onnx.ort.InferenceSession(onnx._probe_model(), providers=[CPU])
+    session = onnx._ort().InferenceSession(onnx._probe_model(), providers=[CPU])
     (out,) = session.run(None, {"x": np.array([2.5], np.float32)})
     assert out.tolist() == [2.5]
 
@@ -69,7 +69,7 @@ def test_session_fell_back_although_the_build_has_cuda(cuda_in_build: None) -> N
 def test_fallback_names_the_error_onnxruntime_raised(
     cuda_in_build: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = onnx.ort.InferenceSession
+    real = onnx._ort().InferenceSession
 
     def session(source: Any, **kwargs: Any) -> Any:
         if CUDA in kwargs["providers"]:
@@ -81,7 +81,7 @@ def test_fallback_names_the_error_onnxruntime_raised(
                 "GPU=-1 ; hostname=box ; expr=cudaSetDevice(info_.device_id);")
         return real(source, sess_options=kwargs["sess_options"], providers=kwargs["providers"])
 
-    monkeypatch.setattr(onnx.ort, "InferenceSession", session)
+    monkeypatch.setattr(onnx._ort(), "InferenceSession", session)
     options = RuntimeOptions(providers=(CUDA, CPU))
     assert open_session(PIPER_MODEL, options).get_providers() == [CPU]
     assert options.fallbacks == [
@@ -103,13 +103,13 @@ def test_short_error_keeps_the_missing_library() -> None:
 def test_provider_options_reach_the_session(cuda_in_build: None,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[Any] = []
-    real = onnx.ort.InferenceSession
+    real = onnx._ort().InferenceSession
 
     def session(source: Any, **kwargs: Any) -> Any:
         seen.append(kwargs["provider_options"])
         return real(source, sess_options=kwargs["sess_options"], providers=[CPU])
 
-    monkeypatch.setattr(onnx.ort, "InferenceSession", session)
+    monkeypatch.setattr(onnx._ort(), "InferenceSession", session)
     options = RuntimeOptions(providers=(CUDA, CPU),
                              provider_options={CUDA: {"device_id": "1"}})
     open_session(PIPER_MODEL, options)

@@ -331,7 +331,8 @@ def test_usable_at_phone_width(server: LiveServer, browser: Browser) -> None:
     try:
         page = open_studio(ctx, server.url)
         assert page.evaluate("document.documentElement.scrollWidth") <= 390
-        for control in ("#text", "#model", "#voice", "#generate", "#stream", "#voice-search"):
+        for control in ("#text", "#model", "#voice", "#generate", "#stream", "#voice-search",
+                        "#job-text", "#job-file", "#job-start"):
             box = page.locator(control).bounding_box()
             assert box and box["x"] >= 0 and box["x"] + box["width"] <= 390, control
         page.select_option("#model", "espeak")

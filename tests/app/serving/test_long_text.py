@@ -5,10 +5,10 @@ Every route reads the same `SpeechJob`, whose per-segment timeout is the only on
 (streamed HTTP and SSE through `JobResponse`, whole clips through `whole_clip`, both WebSocket
 framings through one session loop). So the cheap engine, eSpeak NG, runs the 4,096-character
 text on every route; Piper runs it once per kind of consumer (streamed HTTP, whole clip,
-WebSocket) with a timeout below the request's length; Kokoro, which takes a minute for 2,400
-characters on this machine, runs once on LunaVox's whole-file `/v1/synth` (the case that used to
-answer 504) under a timeout of 2.5 times what its longest segment takes this machine now, so the
-test means the same on a fast or a slow CPU.
+WebSocket); Kokoro, which takes a minute for 2,400 characters on this machine, runs once on
+LunaVox's whole-file `/v1/synth` (the case that used to answer 504). Both run under a timeout of a
+few times what their longest segment takes this machine now, below the whole request's length, so
+the test means the same on a fast, a slow or a busy CPU.
 """
 
 from __future__ import annotations
@@ -26,9 +26,7 @@ from websockets.sync.client import connect
 from app.main import create_app
 from app.settings import Settings
 from engines.base import SynthesisRequest
-from engines.kokoro import KokoroEngine
-from engines.onnx import RuntimeOptions
-from tests.conftest import CACHE_DIR, Decoded, LiveServer, decode, start_server, test_settings
+from tests.conftest import Decoded, LiveServer, decode, start_server, test_settings
 
 SENTENCE = "Sentence {n} of this long text is spoken in full, and none of it may be cut. "
 
@@ -132,18 +130,51 @@ ROUTES: dict[str, Route] = {
     "lunavox-ws": lunavox_ws_route,
 }
 
-PIPER_TIMEOUT = 8.0
-"""Far above one Piper segment (about a second for 400 characters here, 4 s with the machine
-shared by a few test suites), below the whole text (4 minutes of audio at ~20x real time: 12 s
-or more)."""
+SHORT_TIMEOUT = 8.0
+"""eSpeak NG's per-segment timeout on every route: far above one of its segments."""
+
+SEGMENT_MARGIN = 2.5
+"""The timeout over one segment's time measured just before: room for the machine to slow down
+2.5x meanwhile; the whole text (Piper: about 10 packed segments, Kokoro: about 5.3) outlasts it
+unless the machine speeds up 2x or more."""
+
+
+def segment_seconds(settings: Settings, model: str, text: str) -> float:
+    """What the model's longest segment of `text`, cut as the whole-file route cuts it, takes on
+    this machine now, in-process (its engine warmed up on a short sentence first)."""
+    service = create_app(settings).state.service
+    try:
+        longest = max(service.plan(model=model, text=text, whole=True).segments, key=len)
+        handle = service.registry[model]
+        voice = handle.entry.default_voice
+        handle.engine.load()
+        try:
+            handle.engine.synthesize(SynthesisRequest(text="Warm up.", voice=voice))
+            started = time.monotonic()
+            handle.engine.synthesize(SynthesisRequest(text=longest, voice=voice))
+            return time.monotonic() - started
+        finally:
+            handle.engine.unload()
+    finally:
+        service.close()
 
 
 @pytest.fixture(scope="module")
 def short_timeout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     tmp: Path = tmp_path_factory.mktemp("long-text")
-    live = start_server(test_settings(tmp, preload=["piper", "espeak"], cache_max_items=0,
-                                      request_timeout=PIPER_TIMEOUT))
+    live = start_server(test_settings(tmp, preload=["espeak"], cache_max_items=0,
+                                      request_timeout=SHORT_TIMEOUT))
     yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def piper_timeout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, float]]:
+    settings = test_settings(tmp_path_factory.mktemp("long-piper"), preload=["piper"],
+                             cache_max_items=0)
+    timeout = SEGMENT_MARGIN * segment_seconds(settings, "piper", TEXT)
+    live = start_server(settings.model_copy(update={"request_timeout": timeout}))
+    yield live, timeout
     live.stop()
 
 
@@ -153,35 +184,14 @@ def test_longest_input_finishes_on_every_route(short_timeout: LiveServer, route:
 
 
 @pytest.mark.parametrize("route", ["openai", "synth", "voxmux-ws"])
-def test_a_long_text_outlives_the_timeout(short_timeout: LiveServer, route: str) -> None:
+def test_a_long_text_outlives_the_timeout(piper_timeout: tuple[LiveServer, float],
+                                          route: str) -> None:
+    server, timeout = piper_timeout
     started = time.monotonic()
-    audio = ROUTES[route](short_timeout, "piper")
+    audio = ROUTES[route](server, "piper")
     elapsed = time.monotonic() - started
     assert_whole(audio)
-    assert elapsed > PIPER_TIMEOUT, elapsed  # the request itself lasted longer
-
-
-SEGMENT_MARGIN = 2.5
-"""The timeout over one Kokoro segment's time measured just before: room for the machine to slow
-down 2.5x meanwhile; the whole text (about 5.3 packed segments) outlasts it unless the machine
-speeds up more than 2x."""
-
-
-def kokoro_segment_seconds(settings: Settings, text: str) -> float:
-    """What Kokoro's longest segment of `text`, cut as the whole-file route cuts it, takes on this
-    machine now, in-process."""
-    service = create_app(settings).state.service
-    longest = max(service.plan(model="kokoro", text=text, whole=True).segments, key=len)
-    service.close()
-    engine = KokoroEngine(CACHE_DIR, None, RuntimeOptions())
-    engine.load()
-    try:
-        engine.synthesize(SynthesisRequest(text="Warm up.", voice="jf_alpha"))
-        started = time.monotonic()
-        engine.synthesize(SynthesisRequest(text=longest, voice="jf_alpha"))
-        return time.monotonic() - started
-    finally:
-        engine.unload()
+    assert elapsed > timeout, (elapsed, timeout)  # the request itself lasted longer
 
 
 @pytest.mark.timeout(1800)
@@ -190,7 +200,7 @@ def test_kokoro_long_text_on_the_whole_file_route_outlives_the_timeout(tmp_path:
     whole-request timeout used to answer 504."""
     text = long_text(2400)
     settings = test_settings(tmp_path, preload=["kokoro"], cache_max_items=0)
-    timeout = SEGMENT_MARGIN * kokoro_segment_seconds(settings, text)
+    timeout = SEGMENT_MARGIN * segment_seconds(settings, "kokoro", text)
     live = start_server(settings.model_copy(update={"request_timeout": timeout}))
     try:
         started = time.monotonic()

@@ -189,3 +189,19 @@ def test_a_symlinked_voice_and_a_copy_agree(tmp_path: Path) -> None:
     runtime = RuntimeOptions()
     assert (PiperEngine(linked, runtime, None).fingerprint(VOICE)
             == PiperEngine(copied, runtime, None).fingerprint(VOICE))
+
+
+def test_breaks_and_rates_are_part_of_the_record() -> None:
+    from app.serving.record import RenderRecord
+    from engines.espeak import EspeakEngine
+
+    engine = EspeakEngine()
+
+    def key(**extra: object) -> str:
+        return RenderRecord.of(model="espeak", engine=engine, voice="en-us", native_speed=1.0,
+                               stretch=1.0, language=None, segments=["Hi.", "There."],
+                               pause_ms=300, **extra).key()  # type: ignore[arg-type]
+
+    assert key() == key(pauses={}, rates={})
+    assert key(pauses={0: 0.7}) != key(pauses={0: 0.5}) != key()
+    assert key(rates={1: 0.75}) != key()

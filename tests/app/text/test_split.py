@@ -429,3 +429,13 @@ def test_a_first_budget_at_the_limit_packs_the_first_segment_too() -> None:
     assert split_text("One. Two.", max_chars=300, first_max_chars=300, growth=2) == ["One. Two."]
     assert split_text("One.\n\nTwo.", max_chars=300, first_max_chars=300, growth=2) == [
         "One.", "Two."]
+
+
+def test_a_book_cuts_into_more_than_a_thousand_segments() -> None:
+    """The packing budget grows per segment: past ~1,000 it overflowed a float."""
+    text = "Sentence number one is here, and it goes on for a while. " * 12_000
+    for first in (600, 30):
+        segments = split_text(text, max_chars=600, first_max_chars=first, growth=2.0)
+        assert len(segments) > 1000
+        assert max(map(len, segments)) <= 600
+        assert " ".join(segments).split() == text.split()

@@ -1,0 +1,160 @@
+"""A job's results from its stored segments: each item's audio (in the asked format), its SRT and
+WebVTT captions from the stored word timings, the whole job as one stream, and the ZIP of all of
+them with a `manifest.json`. Blocking: run off the event loop."""
+
+from __future__ import annotations
+
+import json
+import threading
+import zipfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.audio.encoders import StreamEncoder
+from app.jobs.model import Item, Job
+from app.jobs.store import JobStore
+from app.protocols.openai import PCM_RATE
+from app.protocols.timestamps import CaptionFormat, captions
+from engines.base import Audio, WordTiming
+
+ZIP_NAME = "result.zip"
+_ZIP_LOCK = threading.Lock()
+"""One ZIP made at a time: the outputs directory's copy and a client's GET may ask for the same
+job's ZIP at once (they raced on one temporary file)."""
+
+
+def encoder(fmt: str, rate: int) -> StreamEncoder:
+    """`pcm` at OpenAI's 24 kHz, as on the speech route; other formats as the encoders choose."""
+    return StreamEncoder(fmt, rate, PCM_RATE if fmt == "pcm" and rate != PCM_RATE else None)
+
+
+def encoded(chunks: Iterable[Audio], fmt: str, rate: int) -> Iterator[bytes]:
+    stream = encoder(fmt, rate)
+    for chunk in chunks:
+        if data := stream.encode(chunk):
+            yield data
+    yield stream.finish()
+
+
+def encode_clip(samples: Audio, fmt: str, rate: int) -> bytes:
+    return b"".join(encoded([samples], fmt, rate))
+
+
+def item_chunks(store: JobStore, job_id: str, item: Item) -> Iterator[Audio]:
+    for segment in store.segments(job_id, item.index):
+        yield store.audio(job_id, segment.seq)
+
+
+def item_ready(store: JobStore, job_id: str, item: Item) -> bool:
+    segments = store.segments(job_id, item.index)
+    return bool(segments) and all(s.samples is not None for s in segments)
+
+
+def item_seconds(store: JobStore, job_id: str, item: Item) -> float | None:
+    if not item.sample_rate:
+        return None
+    samples = [s.samples for s in store.segments(job_id, item.index)]
+    if not samples or None in samples:
+        return None
+    return sum(s or 0 for s in samples) / item.sample_rate
+
+
+def spoken(items: list[Item]) -> list[Item]:
+    return [i for i in items if i.error is None]
+
+
+def whole_chunks(store: JobStore, job_id: str, items: list[Item], pause_ms: int
+                 ) -> Iterator[Audio]:
+    """Every item's audio in order, `pause_ms` of silence between two."""
+    for n, item in enumerate(spoken(items)):
+        if n and item.sample_rate:
+            yield np.zeros(round(item.sample_rate * pause_ms / 1000), dtype=np.float32)
+        yield from item_chunks(store, job_id, item)
+
+
+def item_captions(store: JobStore, job_id: str, item: Item, fmt: CaptionFormat) -> str | None:
+    """SRT or WebVTT for one item, from its segments' stored words; None without words."""
+    rate = item.sample_rate or 1
+    words: list[WordTiming] = []
+    at = 0.0
+    stored = store.words(job_id, item.index)
+    for segment, rows in zip(store.segments(job_id, item.index), stored, strict=True):
+        words += (WordTiming(w, start + at, end + at, cs, ce) for w, start, end, cs, ce in rows)
+        at += (segment.samples or 0) / rate
+    if not words:
+        return None
+    return captions(item.text, words, fmt)
+
+
+def manifest_entry(index: int, file: str | None, asked: dict[str, Any], fmt: str,
+                   duration: float | None, error: dict[str, Any] | None) -> dict[str, Any]:
+    """One item of `manifest.json`: what the item asked (model and voice as sent), where its
+    audio is, how long it lasts, or why there is none (OpenAI's error object)."""
+    return {"index": index, "file": file, "model": asked.get("model"),
+            "voice": asked.get("voice"), "format": fmt,
+            "duration_s": None if duration is None else round(duration, 3), "error": error}
+
+
+def write_zip(target: Any, members: Iterable[tuple[str, bytes]], manifest: dict[str, Any]
+              ) -> None:
+    """Audio stored as it is (already compressed or raw), text deflated."""
+    with zipfile.ZipFile(target, "w") as archive:
+        for name, data in members:
+            text = name.endswith((".srt", ".vtt", ".json"))
+            archive.writestr(name, data, zipfile.ZIP_DEFLATED if text else zipfile.ZIP_STORED)
+        archive.writestr("manifest.json", json.dumps(manifest, indent=2, ensure_ascii=False),
+                         zipfile.ZIP_DEFLATED)
+
+
+def job_zip(store: JobStore, job: Job) -> Path:
+    """The finished job's ZIP (made once, kept in its folder, counted against the bound)."""
+    with _ZIP_LOCK:
+        path = store.file(job.id, ZIP_NAME)
+        if path.exists():
+            return path
+        return _make_zip(store, job, path)
+
+
+def _make_zip(store: JobStore, job: Job, path: Path) -> Path:
+    items = store.items(job.id)
+    entries: list[dict[str, Any]] = []
+
+    def members() -> Iterator[tuple[str, bytes]]:
+        for item in items:
+            fmt = item.options.response_format
+            name = f"{item.index + 1:03d}"
+            if item.error is not None or not item_ready(store, job.id, item):
+                entries.append(manifest_entry(item.index, None, item.asked, fmt, None,
+                                              item.error))
+                continue
+            rate = item.sample_rate or 1
+            yield f"{name}.{fmt}", b"".join(encoded(item_chunks(store, job.id, item), fmt,
+                                                     rate))
+            entry = manifest_entry(item.index, f"{name}.{fmt}", item.asked, fmt,
+                                   item_seconds(store, job.id, item), None)
+            if job.kind == "book":
+                entry["title"] = item.title
+                entry["captions"] = []
+                captions_of: tuple[CaptionFormat, ...] = ("srt", "vtt")
+                for caption in captions_of:
+                    text = item_captions(store, job.id, item, caption)
+                    if text is not None:
+                        entry["captions"].append(f"{name}.{caption}")
+                        yield f"{name}.{caption}", text.encode()
+            entries.append(entry)
+
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as handle:
+        write_zip(handle, members(), {"id": job.id, "items": entries})
+    size = tmp.stat().st_size
+    try:
+        store.reserve(size)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(path)
+    store.add_file(job.id, ZIP_NAME, size)
+    return path

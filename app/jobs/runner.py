@@ -1,0 +1,312 @@
+"""The job runner: creates jobs, renders them segment by segment through the speech service, and
+brings them back after a restart.
+
+Each job renders item by item, each item as one `SpeechJob` of the service's planned by
+`plan_long` (the service stays the one path to the engines): its segments were cut when the job
+was made, so a resumed item starts at its first segment without a stored file and joins it to the
+one before exactly as an uninterrupted run would (the pause before a segment is part of that
+segment's stored audio). Job segments take background turns on their model's lane: an
+interactive request waits at most for the segment under way.
+
+A finished segment is stored (`JobStore.finish_segment`) before the next is counted: a kill -9
+loses at most the segment being rendered. At start, jobs the last process left queued or running
+are queued again, oldest first. A model that is busy (429) or slow to give a turn (504) only
+delays a job: it retries from where it stopped. Other failures fail the job (a book) or the item
+(a batch, whose other items go on); a full store fails the job, never the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from app.audio.encoders import to_pcm16
+from app.http.errors import error_body
+from app.jobs.model import (
+    DiskFull,
+    Item,
+    Job,
+    JobKind,
+    Progress,
+    Segment,
+    StoreUnavailable,
+)
+from app.jobs.store import JobStore, WordRow
+from app.serving.events import SegmentEnd, SegmentWords
+from app.serving.service import SpeechService
+from app.settings import Settings
+from engines.base import Cancelled, Overloaded, RequestTimeout, VoxMuxError
+
+log = logging.getLogger(__name__)
+
+RETRY_SECONDS = (1, 2, 5, 10, 30)
+"""Waits before a job retries a model that was busy, longest last (then kept)."""
+
+
+@dataclass
+class _Run:
+    """What the runner knows of a job it is rendering now."""
+
+    task: asyncio.Task[None] | None = None
+    started: float = field(default_factory=time.monotonic)
+    chars_done: int = 0
+    """Characters rendered in this run (for the estimate)."""
+    chars_left: int = 0
+    cancelling: bool = False
+
+
+class JobRunner:
+    def __init__(self, service: SpeechService, settings: Settings, on_done: Any = None) -> None:
+        self.service = service
+        self.store: JobStore
+        """Opened by `start` (building an app writes nothing to its data dir)."""
+        self.settings = settings
+        self.on_done = on_done
+        """Called (in a thread) with the store and each job that finished well: the outputs
+        directory."""
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._runs: dict[str, _Run] = {}
+        self._changed: dict[str, asyncio.Event] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self.unavailable: str | None = None
+        """Why the store could not be opened, if it could not."""
+
+    def available(self) -> JobRunner:
+        """Itself, once its store is open; else `StoreUnavailable` (503)."""
+        if self.unavailable is not None or not hasattr(self, "store"):
+            raise StoreUnavailable(self.unavailable or "The job store is not open yet")
+        return self
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the store, queue the jobs the last process left, start the workers. A store
+        that cannot be opened (a read-only data dir) leaves the server serving everything but
+        jobs, which answer 503 (`available`)."""
+        settings = self.settings
+        try:
+            self.store = await asyncio.to_thread(JobStore, settings.data_dir,
+                                                 settings.jobs_max_bytes)
+        except (OSError, sqlite3.Error) as exc:
+            self.unavailable = (f"The job store in {settings.data_dir} cannot be opened ({exc}); "
+                                "set VOXMUX_DATA_DIR to a writable directory")
+            log.error("jobs: %s", self.unavailable)
+            return
+        for job_id in self.store.interrupted():
+            self.store.set_status(job_id, "queued")
+            self._queue.put_nowait(job_id)
+            log.info("job %s: resumed after a restart", job_id)
+        self._tasks = [asyncio.create_task(self._worker(), name=f"jobs-{n}")
+                       for n in range(self.settings.jobs_concurrency)]
+        self._tasks.append(asyncio.create_task(self._sweep(), name="jobs-retention"))
+
+    async def stop(self) -> None:
+        """At shutdown: running jobs stop where they are and stay `running` in the store, so the
+        next start resumes them."""
+        for task in self._tasks:
+            task.cancel()
+        runs = [r.task for r in self._runs.values() if r.task is not None]
+        for task in runs:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *runs, return_exceptions=True)
+        if hasattr(self, "store"):
+            self.store.close()
+
+    # -- making ------------------------------------------------------------------------------
+
+    async def create(self, owner: str, kind: JobKind, request: dict[str, Any],
+                     items: list[Item]) -> Job:
+        """Store a new job and queue it; its items' segments are cut now, once."""
+        job = await asyncio.to_thread(self._store_new, owner, kind, request, items)
+        self._queue.put_nowait(job.id)
+        return job
+
+    def _store_new(self, owner: str, kind: JobKind, request: dict[str, Any], items: list[Item]
+                   ) -> Job:
+        now = time.time()
+        job = Job(id="job_" + uuid.uuid4().hex, owner=owner, kind=kind, status="queued",
+                  created=now, updated=now, request=request)
+        segments: list[Segment] = []
+        for item in items:
+            if item.error is not None:
+                continue
+            plan = self.service.plan_long(**item.options.plan_fields(), text=item.text)
+            item.sample_rate = plan.sample_rate
+            first = len(segments)
+            segments += [Segment(first + n, item.index, n, text, offset)
+                         for n, (text, offset) in enumerate(zip(plan.segments, plan.offsets,
+                                                                strict=True))]
+        self.store.create(job, items, segments)
+        return job
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def progress(self, job: Job) -> Progress:
+        done, total, seconds = self.store.counts(job.id)
+        eta: float | None = 0.0 if job.ended else None
+        run = self._runs.get(job.id)
+        if run is not None and run.chars_done:
+            rate = (time.monotonic() - run.started) / run.chars_done
+            eta = rate * run.chars_left
+        return Progress(done, total, seconds, eta)
+
+    async def changed(self, job_id: str, timeout: float) -> None:
+        """Return when the job's state or progress changes, or after `timeout` seconds."""
+        event = self._changed.setdefault(job_id, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await event.wait()
+
+    def _notify(self, job_id: str) -> None:
+        event = self._changed.pop(job_id, None)
+        if event is not None:
+            event.set()
+
+    # -- cancelling --------------------------------------------------------------------------
+
+    def cancel(self, job: Job) -> None:
+        """Stop a queued or running job; its finished segments stay readable."""
+        if job.ended:
+            return
+        run = self._runs.get(job.id)
+        if run is not None and run.task is not None:
+            run.cancelling = True
+            run.task.cancel()
+        else:
+            self.store.set_status(job.id, "cancelled")
+        self._notify(job.id)
+
+    async def delete(self, job: Job) -> None:
+        run = self._runs.get(job.id)
+        if run is not None and run.task is not None:
+            run.cancelling = True
+            run.task.cancel()
+            await asyncio.gather(run.task, return_exceptions=True)
+        self.store.delete(job.id)
+        self._notify(job.id)
+
+    # -- running -----------------------------------------------------------------------------
+
+    async def _worker(self) -> None:
+        while True:
+            job_id = await self._queue.get()
+            job = self.store.job(job_id)
+            if job is None or job.ended:
+                continue
+            run = self._runs[job_id] = _Run()
+            run.task = asyncio.create_task(self._run(job), name=f"job-{job_id}")
+            try:
+                await asyncio.shield(run.task)
+            except asyncio.CancelledError:
+                if not run.task.done():  # the worker itself is stopping
+                    run.task.cancel()
+                    await asyncio.gather(run.task, return_exceptions=True)
+                    raise
+                if run.cancelling:  # cancelled before it first ran
+                    self.store.set_status(job_id, "cancelled")
+            except Exception:  # the store failed under the job: the next job still runs
+                log.exception("job %s: the runner failed", job_id)
+            finally:
+                self._runs.pop(job_id, None)
+                self._notify(job_id)
+
+    async def _run(self, job: Job) -> None:
+        run = self._runs[job.id]
+        self.store.set_status(job.id, "running")
+        self._notify(job.id)
+        try:
+            items = self.store.items(job.id)
+            left = [s for s in self.store.segments(job.id) if s.samples is None]
+            run.chars_left = sum(len(s.text) for s in left)
+            for item in items:
+                if item.error is None:
+                    await self._item(job, item, run)
+        except asyncio.CancelledError:
+            if run.cancelling:
+                self.store.set_status(job.id, "cancelled")
+                return
+            raise  # the server is stopping: the job stays `running`, to resume
+        except Exception as exc:
+            self.store.set_status(job.id, "failed", error_body(exc)["error"])
+            if not isinstance(exc, VoxMuxError):
+                log.exception("job %s failed", job.id)
+            else:
+                log.warning("job %s failed: %s", job.id, exc.message)
+            return
+        self.store.set_status(job.id, "done")
+        if self.on_done is not None:
+            finished = self.store.job(job.id)
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.on_done, self.store, finished)
+
+    async def _item(self, job: Job, item: Item, run: _Run) -> None:
+        """Render what is left of one item, retrying where a busy model refused it."""
+        tries = 0
+        while True:
+            segments = self.store.segments(job.id, item.index)
+            start = next((s.part for s in segments if s.samples is None), None)
+            if start is None:
+                return
+            try:
+                await self._render(job, item, segments, start, run)
+                return
+            except (Overloaded, RequestTimeout) as exc:
+                wait = RETRY_SECONDS[min(tries, len(RETRY_SECONDS) - 1)]
+                log.info("job %s: %s; retrying in %d s", job.id, exc.message, wait)
+                tries += 1
+                await asyncio.sleep(wait)
+            except (DiskFull, Cancelled):
+                raise
+            except VoxMuxError as exc:
+                if job.kind != "batch":
+                    raise
+                self.store.set_item(job.id, item.index, error=error_body(exc)["error"])
+                return
+
+    async def _render(self, job: Job, item: Item, segments: list[Segment], start: int,
+                      run: _Run) -> None:
+        plan = self.service.plan_long(
+            **item.options.plan_fields(), text=item.text,
+            segments=[s.text for s in segments], offsets=[s.offset for s in segments],
+            request_id=f"{job.id}-{item.index + 1:03d}", client=f"job:{job.owner}",
+            start=start)
+        rate = plan.sample_rate
+        clock = 0
+        chunks: list[np.ndarray] = []
+        words: list[WordRow] = []
+        async with self.service.speak(plan) as speech:
+            async for event in speech.events():
+                if isinstance(event, SegmentWords):
+                    words = [(w.word, w.start - clock / rate, w.end - clock / rate,
+                              w.char_start, w.char_end) for w in event.words]
+                elif isinstance(event, SegmentEnd):
+                    audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+                    segment = segments[event.index]
+                    await asyncio.to_thread(self.store.finish_segment, job.id, segment.seq,
+                                            to_pcm16(audio), words)
+                    clock += event.samples
+                    chunks, words = [], []
+                    run.chars_done += len(segment.text)
+                    run.chars_left -= len(segment.text)
+                    self._notify(job.id)
+                else:
+                    chunks.append(event)
+
+    async def _sweep(self) -> None:
+        """Delete finished jobs past their retention, at start and then hourly."""
+        hours = self.settings.jobs_retention_hours
+        while True:
+            if hours > 0:
+                for job_id in self.store.expired(time.time() - hours * 3600):
+                    self.store.delete(job_id)
+                    log.info("job %s: deleted after %g h (VOXMUX_JOBS_RETENTION_HOURS)",
+                             job_id, hours)
+            await asyncio.sleep(min(3600.0, max(60.0, hours * 3600)))

@@ -1,0 +1,294 @@
+"""The job store: SQLite (the standard library's) and segment files under the data dir.
+
+`<data_dir>/jobs.sqlite3` holds jobs, their items and their planned segments; a finished segment's
+audio is `<data_dir>/jobs/<id>/<seq>.pcm` (16-bit mono at its model's rate, the pause before it
+included). A segment counts as done once its file is complete and renamed into place and its row
+says so, in that order, each durable before the next: a kill -9 at any moment leaves at worst a
+segment to render again, never one half stored. WAL journal, `synchronous=NORMAL`: a commit
+survives the process dying (not a power cut in the last instant).
+
+The bound `max_bytes` counts every job's text and its segment and ZIP files; a new job or a
+segment that would pass it, or a disk that is really full, is refused or fails its job
+(`DiskFull`), never the server.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from app.jobs.model import (
+    FINISHED,
+    DiskFull,
+    Item,
+    ItemOptions,
+    Job,
+    JobKind,
+    JobStatus,
+    Segment,
+)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, owner TEXT NOT NULL, kind TEXT NOT NULL, status TEXT NOT NULL,
+    request TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL, finished REAL,
+    error TEXT, bytes INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS items (
+    job TEXT NOT NULL, idx INTEGER NOT NULL, title TEXT NOT NULL, text TEXT NOT NULL,
+    options TEXT NOT NULL, asked TEXT NOT NULL, error TEXT, sample_rate INTEGER,
+    PRIMARY KEY (job, idx)
+);
+CREATE TABLE IF NOT EXISTS segments (
+    job TEXT NOT NULL, seq INTEGER NOT NULL, item INTEGER NOT NULL, part INTEGER NOT NULL,
+    text TEXT NOT NULL, offset INTEGER NOT NULL, samples INTEGER, words TEXT,
+    PRIMARY KEY (job, seq)
+);
+CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner, created);
+"""
+
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+WordRow = tuple[str, float, float, int, int]
+"""A stored word: text, start and end in seconds from its segment's first sample, its span in
+the item's text."""
+
+
+class JobStore:
+    def __init__(self, data_dir: Path, max_bytes: int) -> None:
+        self.root = data_dir / "jobs"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(data_dir / "jobs.sqlite3", check_same_thread=False,
+                                   isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+        self.used = int(self._one("SELECT COALESCE(SUM(bytes), 0) FROM jobs")[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _one(self, sql: str, *args: Any) -> tuple[Any, ...]:
+        with self._lock:
+            row = self._db.execute(sql, args).fetchone()
+        return tuple(row) if row else ()
+
+    def _all(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return [tuple(r) for r in self._db.execute(sql, args).fetchall()]
+
+    # -- making ------------------------------------------------------------------------------
+
+    def create(self, job: Job, items: list[Item], segments: list[Segment]) -> None:
+        """Store a new job; its text counts against the bound too (`DiskFull` past it), so
+        jobs queued by the thousand cannot grow the database without limit."""
+        size = sum(len(i.text.encode()) for i in items) + sum(len(s.text.encode())
+                                                                for s in segments)
+        self._reserve(size)
+        try:
+            self._insert(job, items, segments, size)
+        except BaseException:
+            self._release(size)
+            raise
+        (self.root / job.id).mkdir(exist_ok=True)
+
+    def _insert(self, job: Job, items: list[Item], segments: list[Segment], size: int) -> None:
+        with self._write() as db:
+            db.execute("INSERT INTO jobs (id, owner, kind, status, request, created, updated, "
+                       "bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (job.id, job.owner, job.kind, job.status, json.dumps(job.request),
+                        job.created, job.updated, size))
+            db.executemany(
+                "INSERT INTO items (job, idx, title, text, options, asked, error, sample_rate) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(job.id, i.index, i.title, i.text, json.dumps(i.options.__dict__),
+                  json.dumps(i.asked), json.dumps(i.error) if i.error else None, i.sample_rate)
+                 for i in items])
+            db.executemany(
+                "INSERT INTO segments (job, seq, item, part, text, offset) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [(job.id, s.seq, s.item, s.part, s.text, s.offset) for s in segments])
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def job(self, job_id: str) -> Job | None:
+        row = self._one("SELECT id, owner, kind, status, created, updated, request, finished, "
+                        "error, bytes FROM jobs WHERE id = ?", job_id)
+        return _job(row) if row else None
+
+    def jobs(self, owner: str | None = None, status: tuple[str, ...] | None = None
+             ) -> list[Job]:
+        sql = ("SELECT id, owner, kind, status, created, updated, request, finished, error, "
+               "bytes FROM jobs")
+        where, args = [], []
+        if owner is not None:
+            where.append("owner = ?")
+            args.append(owner)
+        if status:
+            where.append(f"status IN ({', '.join('?' * len(status))})")
+            args += status
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        return [_job(r) for r in self._all(sql + " ORDER BY created", *args)]
+
+    def items(self, job_id: str) -> list[Item]:
+        rows = self._all("SELECT idx, title, text, options, asked, error, sample_rate "
+                         "FROM items WHERE job = ? ORDER BY idx", job_id)
+        return [Item(r[0], r[1], r[2], ItemOptions(**json.loads(r[3])), json.loads(r[4]),
+                     json.loads(r[5]) if r[5] else None, r[6]) for r in rows]
+
+    def segments(self, job_id: str, item: int | None = None) -> list[Segment]:
+        sql = "SELECT seq, item, part, text, offset, samples FROM segments WHERE job = ?"
+        args: list[Any] = [job_id]
+        if item is not None:
+            sql += " AND item = ?"
+            args.append(item)
+        return [Segment(*r) for r in self._all(sql + " ORDER BY seq", *args)]
+
+    def counts(self, job_id: str) -> tuple[int, int, float]:
+        """(segments done, segments in all, seconds of audio stored)."""
+        row = self._one(
+            "SELECT COUNT(s.samples), COUNT(*), "
+            "COALESCE(SUM(CAST(s.samples AS REAL) / i.sample_rate), 0) FROM segments s "
+            "JOIN items i ON i.job = s.job AND i.idx = s.item WHERE s.job = ?", job_id)
+        return int(row[0]), int(row[1]), float(row[2])
+
+    def words(self, job_id: str, item: int) -> list[list[WordRow]]:
+        rows = self._all("SELECT words FROM segments WHERE job = ? AND item = ? ORDER BY seq",
+                         job_id, item)
+        return [[tuple(w) for w in json.loads(r[0])] if r[0] else [] for r in rows]
+
+    def audio(self, job_id: str, seq: int) -> npt.NDArray[np.float32]:
+        """A finished segment's samples, exactly as encoders turn them back into 16 bits."""
+        pcm = np.fromfile(self._path(job_id, seq), dtype="<i2")
+        return pcm.astype(np.float32) / np.float32(32767.0)
+
+    def _path(self, job_id: str, seq: int) -> Path:
+        return self.root / job_id / f"{seq:07d}.pcm"
+
+    def file(self, job_id: str, name: str) -> Path:
+        return self.root / job_id / name
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def set_status(self, job_id: str, status: JobStatus, error: dict[str, Any] | None = None
+                   ) -> None:
+        now = time.time()
+        finished = now if status in FINISHED else None
+        with self._write() as db:
+            db.execute("UPDATE jobs SET status = ?, updated = ?, finished = ?, error = ? "
+                       "WHERE id = ?",
+                       (status, now, finished, json.dumps(error) if error else None, job_id))
+
+    def set_item(self, job_id: str, index: int, *, sample_rate: int | None = None,
+                 error: dict[str, Any] | None = None) -> None:
+        with self._write() as db:
+            if sample_rate is not None:
+                db.execute("UPDATE items SET sample_rate = ? WHERE job = ? AND idx = ?",
+                           (sample_rate, job_id, index))
+            if error is not None:
+                db.execute("UPDATE items SET error = ? WHERE job = ? AND idx = ?",
+                           (json.dumps(error), job_id, index))
+
+    def finish_segment(self, job_id: str, seq: int, pcm16: bytes, words: list[WordRow]
+                       ) -> None:
+        """Store one rendered segment; blocking (run it off the event loop). `DiskFull` when the
+        bound or the disk has no room: nothing of the segment is left behind."""
+        size = len(pcm16)
+        self._reserve(size)
+        path = self._path(job_id, seq)
+        tmp = path.with_suffix(".tmp")
+        try:
+            with open(tmp, "wb") as handle:
+                handle.write(pcm16)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            self._release(size)
+            tmp.unlink(missing_ok=True)
+            if exc.errno in _NO_ROOM:
+                raise DiskFull(f"The disk has no room for the job's audio ({exc.strerror})",
+                               code="disk_full") from None
+            raise
+        with self._write() as db:
+            db.execute("UPDATE segments SET samples = ?, words = ? WHERE job = ? AND seq = ?",
+                       (size // 2, json.dumps(words) if words else None, job_id, seq))
+            db.execute("UPDATE jobs SET bytes = bytes + ?, updated = ? WHERE id = ?",
+                       (size, time.time(), job_id))
+
+    def add_file(self, job_id: str, name: str, size: int) -> None:
+        """Count a file written into the job's folder (its ZIP) against the bound."""
+        with self._write() as db:
+            db.execute("UPDATE jobs SET bytes = bytes + ? WHERE id = ?", (size, job_id))
+
+    def reserve(self, size: int) -> None:
+        self._reserve(size)
+
+    def _reserve(self, size: int) -> None:
+        with self._lock:
+            if self.used + size > self.max_bytes:
+                raise DiskFull(
+                    f"The job store is full: {self.used} of {self.max_bytes} bytes used "
+                    "(VOXMUX_JOBS_MAX_BYTES); delete finished jobs or raise the bound",
+                    code="disk_full")
+            self.used += size
+
+    def _release(self, size: int) -> None:
+        with self._lock:
+            self.used -= size
+
+    def delete(self, job_id: str) -> None:
+        job = self.job(job_id)
+        with self._write() as db:
+            for table, key in (("segments", "job"), ("items", "job"), ("jobs", "id")):
+                db.execute(f"DELETE FROM {table} WHERE {key} = ?", (job_id,))
+        if job is not None:
+            self._release(job.bytes)
+        shutil.rmtree(self.root / job_id, ignore_errors=True)
+
+    def expired(self, older_than: float) -> list[str]:
+        """Finished jobs that ended before `older_than` (a time.time())."""
+        rows = self._all("SELECT id FROM jobs WHERE finished IS NOT NULL AND finished < ?",
+                         older_than)
+        return [r[0] for r in rows]
+
+    def interrupted(self) -> list[str]:
+        """Jobs that were running or waiting when the last process stopped, oldest first."""
+        rows = self._all("SELECT id FROM jobs WHERE status IN ('queued', 'running') "
+                         "ORDER BY created")
+        return [r[0] for r in rows]
+
+
+def _job(row: tuple[Any, ...]) -> Job:
+    kind: JobKind = row[2]
+    status: JobStatus = row[3]
+    return Job(id=row[0], owner=row[1], kind=kind, status=status, created=row[4],
+               updated=row[5], request=json.loads(row[6]), finished=row[7],
+               error=json.loads(row[8]) if row[8] else None, bytes=row[9])

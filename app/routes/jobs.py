@@ -1,0 +1,251 @@
+"""Long-form routes: `POST /v1/audio/batch` and `/v1/audio/jobs` (see `app.jobs`; who owns a
+job: `app.jobs.front`)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+
+from app.audio.encoders import CONTENT_TYPES, output_rate
+from app.http.deps import ClientDep, RequestIdDep, ServiceDep
+from app.jobs.batch import batch_items, run_batch
+from app.jobs.front import card, owner_of, start_job
+from app.jobs.model import Item, Job, JobNotFound, JobNotReady
+from app.jobs.outputs import Outputs
+from app.jobs.results import (
+    encoded,
+    item_captions,
+    item_chunks,
+    item_ready,
+    job_zip,
+    whole_chunks,
+    write_zip,
+)
+from app.jobs.runner import JobRunner
+from app.protocols.openai import PCM_RATE
+from app.protocols.schemas import (
+    ERROR_RESPONSES,
+    BatchRequest,
+    JobCard,
+    JobList,
+    JobRequest,
+)
+from engines.base import InvalidParameter
+
+router = APIRouter(tags=["jobs"])
+
+def _runner(request: Request) -> JobRunner:
+    runner: JobRunner = request.app.state.jobs
+    return runner.available()
+
+
+OwnerDep = Annotated[str, Depends(owner_of)]
+RunnerDep = Annotated[JobRunner, Depends(_runner)]
+
+
+def _outputs(request: Request) -> Outputs | None:
+    outputs: Outputs | None = request.app.state.outputs
+    return outputs
+
+
+def _job(runner: JobRunner, job_id: str, owner: str) -> Job:
+    job = runner.store.job(job_id)
+    if job is None or job.owner != owner:
+        raise JobNotFound(f"No job '{job_id}'", param="id")
+    return job
+
+
+# -- batch -------------------------------------------------------------------------------------
+
+@router.post("/v1/audio/batch", responses={**ERROR_RESPONSES, 202: {"model": JobCard}},
+             response_class=Response)
+async def create_batch(body: BatchRequest, request: Request, service: ServiceDep,
+                       owner: OwnerDep, request_id: RequestIdDep, client: ClientDep) -> Response:
+    settings = service.settings
+    if len(body.items) > settings.batch_max_job_items:
+        raise InvalidParameter(f"A batch takes at most {settings.batch_max_job_items} items",
+                               param="items")
+    if len(body.items) > settings.batch_max_items:
+        runner = _runner(request)  # only a batch that becomes a job needs the store
+        items = await asyncio.to_thread(batch_items, service, body.items)
+        job = await runner.create(owner, "batch", {"items": len(items)}, items)
+        return JSONResponse(card(runner, job).model_dump(), status_code=202,
+                            headers={"Location": f"/v1/audio/jobs/{job.id}"})
+    members, entries = await run_batch(service, body.items, request_id, client)
+    buffer = io.BytesIO()
+    manifest = {"items": entries}
+    await asyncio.to_thread(write_zip, buffer, members, manifest)
+    data = buffer.getvalue()
+    if (outputs := _outputs(request)) is not None:
+        await asyncio.to_thread(outputs.write, f"batch-{request_id}", "zip", data,
+                                {"route": "/v1/audio/batch", "request_id": request_id,
+                                 **manifest})
+    return Response(data, media_type="application/zip", headers={
+        "Content-Disposition": 'attachment; filename="batch.zip"'})
+
+
+# -- jobs --------------------------------------------------------------------------------------
+
+@router.post("/v1/audio/jobs", status_code=202, responses=ERROR_RESPONSES,
+             response_model=JobCard)
+async def create_job(body: JobRequest, runner: RunnerDep, owner: OwnerDep) -> JSONResponse:
+    job = await start_job(runner, owner, body)
+    return JSONResponse(card(runner, job).model_dump(), status_code=202,
+                        headers={"Location": f"/v1/audio/jobs/{job.id}"})
+
+
+@router.get("/v1/audio/jobs", response_model=JobList, responses=ERROR_RESPONSES)
+async def list_jobs(runner: RunnerDep, owner: OwnerDep) -> JobList:
+    return JobList(data=[card(runner, job) for job in runner.store.jobs(owner)])
+
+
+@router.get("/v1/audio/jobs/{job_id}", response_model=JobCard, responses=ERROR_RESPONSES)
+async def get_job(job_id: str, runner: RunnerDep, owner: OwnerDep) -> JobCard:
+    return card(runner, _job(runner, job_id, owner), chapters=True)
+
+
+@router.delete("/v1/audio/jobs/{job_id}", response_model=JobCard, responses=ERROR_RESPONSES)
+async def delete_job(job_id: str, runner: RunnerDep, owner: OwnerDep,
+                     purge: bool = Query(False, description="Also delete its stored audio")
+                     ) -> JobCard:
+    """Cancel a queued or running job (its finished chapters stay readable); `purge=true`
+    deletes the job and its files whatever its state."""
+    job = _job(runner, job_id, owner)
+    if purge:
+        body = card(runner, job)
+        await runner.delete(job)
+        return body
+    runner.cancel(job)
+    for _ in range(100):  # a running one stops at its engine's next step
+        job = _job(runner, job_id, owner)
+        if job.ended:
+            break
+        await asyncio.sleep(0.05)
+    return card(runner, job)
+
+
+@router.get("/v1/audio/jobs/{job_id}/events", responses=ERROR_RESPONSES,
+            response_class=StreamingResponse)
+async def job_events(job_id: str, runner: RunnerDep, owner: OwnerDep) -> StreamingResponse:
+    """Server-sent events: `job.progress` at every finished segment and state change, then one
+    of `job.done`, `job.failed`, `job.cancelled`; a comment every 15 s keeps proxies open."""
+    _job(runner, job_id, owner)
+
+    async def events() -> AsyncIterator[bytes]:
+        last = None
+        while True:
+            job = runner.store.job(job_id)
+            if job is None:
+                return
+            payload = card(runner, job).model_dump()
+            key = (job.status, payload["progress"]["done"])
+            if key != last:
+                kind = f"job.{job.status}" if job.ended else "job.progress"
+                yield f"data: {json.dumps({'type': kind, **payload})}\n\n".encode()
+                last = key
+            if job.ended:
+                return
+            await runner.changed(job_id, 15)
+            if runner.store.job(job_id) is not None and key == last:
+                yield b": keep-alive\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+
+
+def _sample_rate(items: list[Item]) -> int:
+    return next((i.sample_rate for i in items if i.sample_rate and i.error is None), 24_000)
+
+
+def _streamed(chunks: Iterator[Any], fmt: str, rate: int) -> AsyncIterator[bytes]:
+    async def body() -> AsyncIterator[bytes]:
+        produced = encoded(chunks, fmt, rate)
+        while (data := await asyncio.to_thread(next, produced, None)) is not None:
+            if data:
+                yield data
+    return body()
+
+
+def _audio_headers(fmt: str, rate: int, name: str) -> dict[str, str]:
+    out = PCM_RATE if fmt == "pcm" else output_rate(fmt, rate)
+    return {"X-Sample-Rate": str(out),
+            "Content-Disposition": f'attachment; filename="{name}.{fmt}"'}
+
+
+def _media(fmt: str, rate: int) -> str:
+    return f"{CONTENT_TYPES[fmt]};rate={PCM_RATE}" if fmt == "pcm" else CONTENT_TYPES[fmt]
+
+
+@router.get("/v1/audio/jobs/{job_id}/audio", responses=ERROR_RESPONSES)
+async def job_audio(job_id: str, runner: RunnerDep, owner: OwnerDep) -> Response:
+    """The whole result: every chapter in order in the asked format (a batch job: its ZIP)."""
+    job = _job(runner, job_id, owner)
+    if job.status != "done":
+        raise JobNotReady(f"The job is {job.status}; its audio is whole once it is done",
+                          param="id")
+    if job.kind == "batch":
+        return await job_result_zip(job_id, runner, owner)
+    items = runner.store.items(job.id)
+    fmt = str(job.request.get("response_format", "mp3"))
+    rate = _sample_rate(items)
+    chunks = whole_chunks(runner.store, job.id, items, runner.settings.chapter_pause_ms)
+    return StreamingResponse(_streamed(chunks, fmt, rate), media_type=_media(fmt, rate),
+                             headers=_audio_headers(fmt, rate, job.id))
+
+
+def _item(runner: JobRunner, job: Job, number: int) -> Item:
+    items = runner.store.items(job.id)
+    if not 1 <= number <= len(items):
+        raise JobNotFound(f"The job has no chapter {number} (1 to {len(items)})",
+                          param="chapter")
+    item = items[number - 1]
+    if item.error is not None:
+        raise JobNotReady(f"Chapter {number} failed: {item.error.get('message')}",
+                          param="chapter")
+    if not item_ready(runner.store, job.id, item):
+        raise JobNotReady(f"Chapter {number} is not finished yet", param="chapter")
+    return item
+
+
+@router.get("/v1/audio/jobs/{job_id}/chapters/{number}/audio", responses=ERROR_RESPONSES)
+async def chapter_audio(job_id: str, number: int, runner: RunnerDep, owner: OwnerDep
+                        ) -> Response:
+    """One chapter (1-based) in the asked format, as soon as that chapter is finished."""
+    job = _job(runner, job_id, owner)
+    item = _item(runner, job, number)
+    fmt, rate = item.options.response_format, item.sample_rate or 24_000
+    chunks = item_chunks(runner.store, job.id, item)
+    return StreamingResponse(_streamed(chunks, fmt, rate), media_type=_media(fmt, rate),
+                             headers=_audio_headers(fmt, rate, f"{job.id}-{number:03d}"))
+
+
+@router.get("/v1/audio/jobs/{job_id}/chapters/{number}/captions", responses=ERROR_RESPONSES)
+async def chapter_captions(job_id: str, number: int, runner: RunnerDep, owner: OwnerDep,
+                           format: str = Query("srt", pattern="^(srt|vtt)$")) -> Response:
+    """SRT or WebVTT for one chapter, from the word timings its engine reported."""
+    job = _job(runner, job_id, owner)
+    item = _item(runner, job, number)
+    text = await asyncio.to_thread(item_captions, runner.store, job.id, item,
+                                   format)  # type: ignore[arg-type]
+    if text is None:
+        raise InvalidParameter(f"The {item.options.model} engine reports no word timings",
+                               param="format", code="timestamps_unsupported")
+    media = "application/x-subrip" if format == "srt" else "text/vtt"
+    return Response(text, media_type=f"{media}; charset=utf-8")
+
+
+@router.get("/v1/audio/jobs/{job_id}/zip", responses=ERROR_RESPONSES)
+async def job_result_zip(job_id: str, runner: RunnerDep, owner: OwnerDep) -> Response:
+    """Every chapter's audio and captions with a `manifest.json`, once the job is done."""
+    job = _job(runner, job_id, owner)
+    if job.status != "done":
+        raise JobNotReady(f"The job is {job.status}; its ZIP is made once it is done",
+                          param="id")
+    path = await asyncio.to_thread(job_zip, runner.store, job)
+    return FileResponse(path, media_type="application/zip", filename=f"{job.id}.zip")

@@ -1,0 +1,64 @@
+"""`/v1/audio/lexicons`: each API key's pronunciation lexicons (create, list, read, replace,
+delete; a W3C PLS document is imported as one). They apply to every request made with the key."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from app.http.deps import ClientDep, ServiceDep
+from app.protocols.schemas import ERROR_RESPONSES, LexiconBody, LexiconCreate
+from app.serving.lexicons import owner_of
+from app.text.lexicon import parse_pls
+from engines.base import InvalidParameter
+
+router = APIRouter(tags=["pronunciation"])
+
+PLS_TYPES = ("application/pls+xml", "application/xml", "text/xml")
+
+
+@router.get("/v1/audio/lexicons", responses=ERROR_RESPONSES)
+async def list_lexicons(service: ServiceDep, client: ClientDep) -> dict[str, object]:
+    return {"object": "list", "data": service.lexicons.list(owner_of(client))}
+
+
+@router.post("/v1/audio/lexicons", responses=ERROR_RESPONSES, status_code=201,
+             openapi_extra={"requestBody": {"content": {
+                 "application/json": {"schema": LexiconCreate.model_json_schema()},
+                 "application/pls+xml": {"schema": {"type": "string"}}}}})
+async def create_lexicon(request: Request, service: ServiceDep, client: ClientDep,
+                         name: str | None = None) -> dict[str, object]:
+    """JSON `{name, language, scope, entries: {word: "/ipa/" or respelling}}`, or a PLS
+    document (`Content-Type: application/pls+xml`, the name in `?name=`)."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip()
+    raw = await request.body()
+    if kind in PLS_TYPES:
+        if not name:
+            raise InvalidParameter("a PLS import needs ?name=", param="name")
+        language, entries = parse_pls(raw.decode("utf-8", "replace"))
+        return service.lexicons.put(owner_of(client), name, language, entries)
+    try:
+        body = LexiconCreate.model_validate_json(raw)
+    except ValueError as exc:
+        raise InvalidParameter(f"a lexicon is JSON {{name, language, entries}} or PLS: {exc}",
+                               param="entries") from exc
+    return service.lexicons.put(owner_of(client), body.name, body.language, body.entries,
+                                body.scope)
+
+
+@router.get("/v1/audio/lexicons/{name}", responses=ERROR_RESPONSES)
+async def get_lexicon(name: str, service: ServiceDep, client: ClientDep) -> dict[str, object]:
+    return service.lexicons.get(owner_of(client), name)
+
+
+@router.put("/v1/audio/lexicons/{name}", responses=ERROR_RESPONSES)
+async def replace_lexicon(name: str, body: LexiconBody, service: ServiceDep,
+                          client: ClientDep) -> dict[str, object]:
+    return service.lexicons.put(owner_of(client), name, body.language, body.entries,
+                                body.scope)
+
+
+@router.delete("/v1/audio/lexicons/{name}", responses=ERROR_RESPONSES)
+async def delete_lexicon(name: str, service: ServiceDep, client: ClientDep
+                         ) -> dict[str, object]:
+    service.lexicons.delete(owner_of(client), name)
+    return {"name": name, "deleted": True}

@@ -1,0 +1,98 @@
+"""A request's text as the engines will read it: SSML compiled, lexicon entries applied, cut into
+segments at breaks and tempo changes, every character still pointing into what the client sent.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from app.text.lexicon import Lexicon
+from app.text.split import segment_offsets
+from app.text.ssml import Compiled, Reading, compile_ssml, detect
+from engines.frontend.spans import Spanned
+
+_TAG = re.compile(r"<[^>]*>")
+
+
+@dataclass
+class Prepared:
+    source: str
+    """The client's text (SSML and all)."""
+    compiled: Compiled
+
+    @property
+    def text(self) -> str:
+        return self.compiled.text
+
+    @property
+    def ssml(self) -> bool:
+        return self.compiled.spoken.text != self.source or bool(self.compiled.readings)
+
+    @property
+    def display(self) -> str:
+        """`source` with its markup blanked (same length): captions quote it."""
+        return _TAG.sub(lambda m: " " * len(m[0]), self.source)
+
+    def source_span(self, start: int, end: int) -> tuple[int, int]:
+        """The span of `source` that `text[start:end]` was made from."""
+        spoken = self.compiled.spoken
+        return spoken.source_span(min(start, len(spoken)), min(end, len(spoken)))
+
+    @property
+    def report(self) -> list[dict[str, object]]:
+        return [r.as_dict() for r in sorted(self.compiled.readings, key=lambda r: r.start)]
+
+
+def prepare(text: str, *, input_format: str | None = None, lexicon: Lexicon | None = None,
+            language: str = "en") -> Prepared:
+    """`text` compiled (SSML when it is) and with `lexicon` applied."""
+    compiled = compile_ssml(text) if detect(text, input_format) else Compiled(Spanned.of(text))
+    if lexicon is not None and lexicon:
+        compiled.spoken, readings = lexicon.apply(compiled.spoken, text, language)
+        compiled.readings += readings
+    return Prepared(text, compiled)
+
+
+@dataclass
+class Cut:
+    segments: list[str] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    pauses: dict[int, float] = field(default_factory=dict)
+    """Segment index -> seconds of silence after it (a break)."""
+    rates: dict[int, float] = field(default_factory=dict)
+    """Segment index -> tempo it is read at (a prosody rate)."""
+
+
+def cut(prepared: Prepared, split: Callable[[str], list[str]]) -> Cut:
+    """Segments of `prepared.text`, cut first at every break and tempo change, then by `split`."""
+    compiled = prepared.compiled
+    text = compiled.text
+    bounds = {0, len(text), *compiled.breaks}
+    for start, end, _ in compiled.rates:
+        bounds |= {start, end}
+    points = sorted(b for b in bounds if 0 <= b <= len(text))
+    result = Cut()
+    for a, b in itertools.pairwise(points):
+        piece = text[a:b]
+        if a in compiled.breaks and result.segments:
+            last = len(result.segments) - 1
+            result.pauses[last] = result.pauses.get(last, 0.0) + compiled.breaks[a]
+        if not any(c.isalnum() for c in piece):
+            continue
+        segments = split(piece)
+        rate = next((r for s, e, r in compiled.rates if s <= a and b <= e), 1.0)
+        for segment, offset in zip(segments, segment_offsets(piece, segments), strict=True):
+            if rate != 1.0:
+                result.rates[len(result.segments)] = rate
+            result.segments.append(segment)
+            result.offsets.append(a + offset)
+    if len(text) in compiled.breaks and result.segments:
+        last = len(result.segments) - 1
+        result.pauses[last] = result.pauses.get(last, 0.0) + compiled.breaks[len(text)]
+    return result
+
+
+__all__ = ["Cut", "Prepared", "Reading", "cut", "prepare"]

@@ -1,0 +1,239 @@
+"""Pronunciation through the API, as a client uses it: SSML on the speech routes, breaks
+measured in the audio, say-as heard by Whisper, timings that point into the SSML, lexicons
+(deployment file and a key's own, PLS too) that change how a made-up word is heard and the
+cache key, the normalization report."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engines.espeak_lib import espeak
+from tests.conftest import LiveServer, decode, start_server, test_settings
+from tests.hearing import hear, normalize
+
+WORD = "chocolate"
+IPA = espeak().phonemize(WORD, "en-us")
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    tmp = tmp_path_factory.mktemp("pronunciation")
+    lexicon = tmp / "lexicon.toml"
+    lexicon.write_text(f'[en]\nBlorvek = "/{IPA}/"\n', encoding="utf-8")
+    server = start_server(test_settings(tmp, preload=[], idle_ttl=-1, lexicon=lexicon,
+                                        lexicons_dir=tmp / "lexicons"))
+    yield server
+    server.stop()
+
+
+def _speak(live: LiveServer, model: str, text: str, **extra: object) -> tuple[object, object]:
+    with live.client() as client:
+        response = client.post("/v1/audio/speech", json={
+            "model": model, "input": text, "response_format": "wav", **extra})
+    assert response.status_code == 200, response.text
+    return decode(response.content, "wav"), response
+
+
+def _silences(samples: np.ndarray, rate: int) -> list[float]:
+    """Lengths of the silent runs inside the audio (5 ms blocks under RMS 0.003)."""
+    block = round(rate * 0.005)
+    count = len(samples) // block
+    rms = np.sqrt(np.mean(np.square(samples[:count * block].reshape(count, block)), axis=1))
+    loud = np.flatnonzero(rms >= 0.003)
+    quiet = [b - a - 1 for a, b in itertools.pairwise(loud) if b - a > 1]
+    return [n * block / rate for n in quiet]
+
+
+def test_malformed_ssml_is_a_400_naming_line_and_column(live: LiveServer) -> None:
+    with live.client() as client:
+        response = client.post("/v1/audio/speech", json={
+            "model": "espeak", "input": "<speak>Hello\n<break time='1s'>there</speak>"})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == "input"
+    assert error["code"] == "invalid_ssml"
+    assert "line 2, column" in error["message"]
+
+
+@pytest.mark.parametrize("model", ["espeak", "piper", "kokoro"])
+def test_a_break_is_that_long_in_the_audio(live: LiveServer, model: str) -> None:
+    audio, _ = _speak(live, model, '<speak>Good morning.<break time="700ms"/>'
+                      'Good night.</speak>')
+    longest = max(_silences(audio.samples, audio.sample_rate))  # type: ignore[attr-defined]
+    assert abs(longest - 0.7) <= 0.02, longest
+    audio, _ = _speak(live, model, '<speak>Good morning.<break time="1500ms"/>'
+                      'Good night.</speak>')
+    longest = max(_silences(audio.samples, audio.sample_rate))  # type: ignore[attr-defined]
+    assert abs(longest - 1.5) <= 0.02, longest
+
+
+_DIGIT_WORDS = {w: str(i) for i, w in enumerate(
+    ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"])} | {"oh": "0"}
+
+
+def _digits(heard: str) -> str:
+    out = []
+    for token in re.findall(r"[a-z]+|\d", heard.lower()):
+        out.append(_DIGIT_WORDS.get(token, token if token.isdigit() else ""))
+    return "".join(out)
+
+
+def _spelled(heard: str) -> bool:
+    """Letters as Whisper writes them: `DOG`, `D-O-G`, `d -o -g` (the word: `dog`)."""
+    return bool(re.search(r"\bD\W*O\W*G\b", heard)
+                or re.search(r"\bd\W+o\W+g\b", heard, re.I))
+
+
+def test_say_as_telephone_and_characters_are_heard_as_asked(live: LiveServer) -> None:
+    audio, _ = _speak(live, "piper", '<speak>Call <say-as interpret-as="telephone">'
+                      '5550199</say-as> today.</speak>')
+    heard = hear(audio.samples, audio.sample_rate).text  # type: ignore[attr-defined]
+    assert "5550199" in _digits(heard), heard
+    audio, _ = _speak(live, "piper", '<speak>The code is <say-as interpret-as="characters">'
+                      'dog</say-as>.</speak>')
+    heard = hear(audio.samples, audio.sample_rate).text  # type: ignore[attr-defined]
+    assert _spelled(heard), heard
+    audio, _ = _speak(live, "piper", "The code is dog.")
+    plain = hear(audio.samples, audio.sample_rate).text  # type: ignore[attr-defined]
+    assert not _spelled(plain), plain
+
+
+def test_timings_of_an_ssml_request_point_into_the_ssml(live: LiveServer) -> None:
+    ssml = ('<speak><p>The <sub alias="World Wide Web Consortium">W3C</sub> met on '
+            '<say-as interpret-as="date" format="ymd">2024-03-05</say-as>.</p>'
+            '<break time="300ms"/><s>Then <phoneme alphabet="ipa" ph="təˈmɑːtoʊ">tomato'
+            '</phoneme> soup.</s></speak>')
+    with live.client() as client:
+        response = client.post("/v1/audio/speech", json={
+            "model": "espeak", "input": ssml, "stream_format": "sse", "timestamps": "word",
+            "normalization_report": True})
+    assert response.status_code == 200, response.text
+    words = [w for line in response.text.splitlines() if line.startswith("data: ")
+             for w in json.loads(line[6:]).get("words", [])]
+    said = [(w["word"], ssml[w["char_start"]:w["char_end"]]) for w in words]
+    assert all(word == written for word, written in said), said
+    assert [w for w, _ in said] == ["The", "W3C", "met", "on", "2024-03-05", "Then",
+                                    "tomato", "soup"]
+    report = json.loads(response.headers["X-VoxMux-Normalization"])
+    assert {(r["text"], r["by"]) for r in report} == {
+        ("W3C", "sub"), ("2024-03-05", "say-as:date"), ("tomato", "phoneme")}
+    assert next(r for r in report if r["by"] == "sub")["read_as"] == "World Wide Web Consortium"
+
+
+def test_captions_of_ssml_quote_the_text_without_its_markup(live: LiveServer) -> None:
+    ssml = ('<speak>The <sub alias="World Wide Web Consortium">W3C</sub> met.'
+            '<break time="500ms"/> Then it rained.</speak>')
+    with live.client() as client:
+        response = client.post("/v1/audio/captioned_speech", json={
+            "model": "espeak", "input": ssml, "stream": False, "captions": "vtt",
+            "response_format": "wav"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert [w["word"] for w in body["timestamps"]] == ["The", "W3C", "met", "Then", "it",
+                                                       "rained"]
+    captions = body["captions"]
+    assert "W3C met." in captions and "Then it rained." in captions and "<" not in captions
+
+
+def test_the_native_route_reads_ssml_too(live: LiveServer) -> None:
+    with live.client() as client:
+        response = client.post("/v1/synth", json={
+            "model": "espeak", "input": '<speak>Good morning.<break time="1s"/>Good night.'
+                                        '</speak>'})
+    assert response.status_code == 200, response.text
+    audio = decode(response.content, "wav")
+    assert abs(max(_silences(audio.samples, audio.sample_rate)) - 1.0) <= 0.02
+
+
+def test_the_websocket_route_reads_ssml_and_sends_words_in_it(live: LiveServer) -> None:
+    from websockets.sync.client import connect
+
+    ssml = '<speak>Say <sub alias="hello">hi</sub>.<break time="400ms"/> Bye.</speak>'
+    with connect(live.url.replace("http", "ws") + "/ws/v1/tts") as ws:
+        ws.send(json.dumps({"model": "espeak", "input": ssml, "timestamps": "word"}))
+        frames = []
+        while True:
+            frame = ws.recv()
+            if isinstance(frame, str):
+                frames.append(json.loads(frame))
+                if frames[-1]["type"] in ("done", "error"):
+                    break
+    assert frames[-1]["type"] == "done", frames[-1]
+    words = [w for f in frames if f["type"] == "words" for w in f["words"]]
+    assert [(w["word"], ssml[w["char_start"]:w["char_end"]]) for w in words] == [
+        ("Say", "Say"), ("hi", "hi"), ("Bye", "Bye")]
+
+
+def test_unsupported_markup_is_read_with_a_warning(live: LiveServer) -> None:
+    audio, response = _speak(live, "espeak", '<speak><emphasis>Really</emphasis> '
+                             '<audio src="x.wav">a bell</audio> [click](/ʘa/).</speak>')
+    warnings = response.headers["X-VoxMux-Warnings"]  # type: ignore[attr-defined]
+    assert "<emphasis>" in warnings and "<audio>" in warnings and "click" in warnings
+    assert audio.duration > 0.5  # type: ignore[attr-defined]
+
+
+def _heard(live: LiveServer, text: str, **extra: object) -> tuple[str, object]:
+    audio, response = _speak(live, "piper", text, **extra)
+    heard = " ".join(normalize(hear(audio.samples, audio.sample_rate).text))  # type: ignore
+    return heard, response
+
+
+def test_the_deployment_lexicon_changes_how_a_made_up_word_is_heard(live: LiveServer) -> None:
+    heard, response = _heard(live, "I would like Blorvek cake.", normalization_report=True)
+    assert WORD in heard, heard
+    report = json.loads(response.headers["X-VoxMux-Normalization"])  # type: ignore
+    assert report == [{"start": 13, "end": 20, "text": "Blorvek", "read_as": f"/{IPA}/",
+                       "by": "lexicon"}]
+
+
+def test_a_keys_lexicon_is_managed_applied_and_keys_the_cache(live: LiveServer) -> None:
+    text = "I would like Snarfle cake."
+    before, first = _heard(live, text)
+    assert WORD not in before
+    with live.client() as client:
+        made = client.post("/v1/audio/lexicons", json={
+            "name": "desserts", "entries": {"Snarfle": f"/{IPA}/"}})
+        assert made.status_code == 201, made.text
+        assert client.get("/v1/audio/lexicons").json()["data"][0]["name"] == "desserts"
+    after, second = _heard(live, text)
+    assert WORD in after, after
+    assert second.headers["X-VoxMux-Cache"] == "miss"  # type: ignore[attr-defined]
+    with live.client() as client:
+        pls = ('<?xml version="1.0"?><lexicon version="1.0" '
+               'xmlns="http://www.w3.org/2005/01/pronunciation-lexicon" alphabet="ipa" '
+               'xml:lang="en-US"><lexeme><grapheme>Snarfle</grapheme><alias>vanilla</alias>'
+               '</lexeme></lexicon>')
+        imported = client.post("/v1/audio/lexicons?name=desserts", content=pls,
+                               headers={"Content-Type": "application/pls+xml"})
+        assert imported.status_code == 201, imported.text
+        assert imported.json()["entries"] == {"Snarfle": "vanilla"}
+    heard, _ = _heard(live, text)
+    assert "vanilla" in heard, heard
+    with live.client() as client:
+        assert client.delete("/v1/audio/lexicons/desserts").status_code == 200
+        missing = client.get("/v1/audio/lexicons/desserts")
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == (
+            "lexicon_not_found")
+    again, third = _heard(live, text)
+    assert WORD not in again and "vanilla" not in again
+    assert third.headers["X-VoxMux-Cache"] == "hit"  # type: ignore[attr-defined]
+    del first
+
+
+def test_bad_lexicons_are_refused(live: LiveServer, tmp_path: Path) -> None:
+    with live.client() as client:
+        bad = client.post("/v1/audio/lexicons", content="<lexicon><lexeme>",
+                          headers={"Content-Type": "application/pls+xml"},
+                          params={"name": "x"})
+        assert bad.status_code == 400 and "line 1" in bad.json()["error"]["message"]
+        bad = client.post("/v1/audio/lexicons", json={"name": "../x", "entries": {"a": "b"}})
+        assert bad.status_code == 400
+        bad = client.put("/v1/audio/lexicons/x", json={"entries": {"a](": "b"}})
+        assert bad.status_code == 400

@@ -1,0 +1,81 @@
+"""The SSML subset compiled to text the engines read, every character pointing into the SSML."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.text.prepared import cut, prepare
+from app.text.ssml import SSMLError, compile_ssml, detect, say_as
+
+DOC = ('<speak>Call <say-as interpret-as="telephone">+1 555 0100</say-as> now.'
+       '<break time="700ms"/> The <sub alias="World Wide Web Consortium">W3C</sub> said '
+       '<phoneme alphabet="ipa" ph="təˈmɑːtoʊ">tomato</phoneme> &amp; '
+       '<prosody rate="slow">slowly</prosody>. <emphasis>Yes</emphasis></speak>')
+
+
+def test_detected_by_its_speak_element_or_asked_for() -> None:
+    assert detect("  <?xml version='1.0'?>\n<speak>Hi</speak>")
+    assert not detect("I <speak> softly")
+    assert detect("Hi", "ssml") and not detect("<speak>Hi</speak>", "text")
+    with pytest.raises(SSMLError.__mro__[1]):
+        detect("Hi", "html")
+
+
+def test_compiled_text_and_where_each_part_came_from() -> None:
+    compiled = compile_ssml(DOC)
+    text = compiled.text
+    assert "plus one, five five five, zero one zero zero" in text
+    assert "World Wide Web Consortium" in text and "W3C" not in text
+    assert "[tomato](/təˈmɑːtoʊ/)" in text
+    assert "<" not in text and "&amp;" not in text
+    spoken = compiled.spoken
+    alias = text.index("World")
+    assert DOC[slice(*spoken.source_span(alias, alias + 25))] == "W3C"
+    slow = text.index("slowly")
+    assert DOC[slice(*spoken.source_span(slow, slow + 6))] == "slowly"
+    assert list(compiled.breaks.values()) == [0.7]
+    assert [(text[a:b], r) for a, b, r in compiled.rates] == [("slowly", 0.75)]
+    assert compiled.warnings == ["<emphasis> is accepted but not rendered; its text is read"]
+    assert [(r.text, r.by) for r in compiled.readings] == [
+        ("+1 555 0100", "say-as:telephone"), ("W3C", "sub"), ("tomato", "phoneme")]
+
+
+@pytest.mark.parametrize(("kind", "written", "fmt", "spoken"), [
+    ("characters", "NASA", "", "N A S A"),
+    ("spell-out", "a1", "", "A one"),
+    ("cardinal", "1,234", "", "one thousand two hundred thirty-four"),
+    ("ordinal", "21", "", "twenty-first"),
+    ("digits", "2048", "", "two zero four eight"),
+    ("telephone", "(555) 010-0199", "", "five five five, zero one zero, zero one nine nine"),
+    ("date", "2024-03-05", "ymd", "March fifth, twenty twenty-four"),
+    ("date", "05/03/2024", "dmy", "March fifth, twenty twenty-four"),
+    ("time", "14:30", "", "fourteen thirty"),
+    ("currency", "$5.20", "", "five dollars and twenty cents"),
+])
+def test_say_as_reads_as_asked(kind: str, written: str, fmt: str, spoken: str) -> None:
+    assert say_as(kind, written, fmt) == spoken
+
+
+@pytest.mark.parametrize(("doc", "where"), [
+    ("<speak>Hi\n  <s>there</speak>", "line 2, column 13"),
+    ("<speak>Hi <break time='soon'/></speak>", "line 1, column 11"),
+    ("<speak><say-as interpret-as='poem'>x</say-as></speak>", "line 1, column 8"),
+    ("<voice>Hi</voice>", "line 1, column 1"),
+    ('<!DOCTYPE s [<!ENTITY a "aaaa">]><speak>&a;</speak>', "line 1, column"),
+])
+def test_bad_ssml_names_its_line_and_column(doc: str, where: str) -> None:
+    with pytest.raises(SSMLError) as raised:
+        compile_ssml(doc)
+    assert where in raised.value.message
+    assert raised.value.param == "input"
+
+
+def test_segments_are_cut_at_breaks_and_tempo_changes() -> None:
+    prepared = prepare('<speak>One two.<break time="1.5s"/>Three <prosody rate="200%">four'
+                       '</prosody> five.<break strength="weak"/></speak>')
+    pieces = cut(prepared, lambda piece: [piece.strip()] if piece.strip() else [])
+    assert pieces.segments == ["One two.", "Three", "four", "five."]
+    assert pieces.pauses == {0: 1.5, 3: 0.25}
+    assert pieces.rates == {2: 2.0}
+    for segment, offset in zip(pieces.segments, pieces.offsets, strict=True):
+        assert prepared.text[offset:offset + len(segment)] == segment

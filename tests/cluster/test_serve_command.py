@@ -1,0 +1,105 @@
+"""`voxmux serve --ray` as an operator runs it: its own local cluster, no Redis, one engine
+replica; it serves, says what it would share through Redis, and stops cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.cluster.conftest import OBJECT_STORE, wait_healthy
+from tests.conftest import CACHE_DIR, decode, free_port
+
+
+@dataclass
+class Command:
+    process: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def command(ray_available: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Command]:
+    tmp = tmp_path_factory.mktemp("serve")
+    port = free_port()
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(("VOXMUX_", "RAY_ADDRESS"))}
+    env.update({
+        "VOXMUX_PORT": str(port), "VOXMUX_PRELOAD": "", "VOXMUX_CACHE_DIR": str(CACHE_DIR),
+        "VOXMUX_MODELS_DIR": str(tmp / "models"), "VOXMUX_CREDENTIALS_DIR": str(tmp / "keys"),
+        "VOXMUX_RAY_CPUS": "2", "VOXMUX_RAY_OBJECT_STORE_BYTES": str(OBJECT_STORE),
+        "VOXMUX_RAY_ENGINE_CPUS": "0.5", "VOXMUX_RAY_INGRESS_CPUS": "0",
+    })
+    log = tmp / "voxmux.log"
+    with log.open("wb") as out:
+        # Its own process group: whatever happens, nothing of its cluster outlives the module.
+        process = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--ray"],
+                                   env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp,
+                                   start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, replicas=1)
+        yield Command(process, url, log)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def test_it_serves_without_redis_and_says_what_redis_would_share(command: Command) -> None:
+    with httpx.Client(base_url=command.url, timeout=120) as http:
+        health = http.get("/health").json()
+        response = http.post("/v1/audio/speech", json={
+            "model": "espeak", "input": "No Redis needed to speak.", "response_format": "wav"})
+    shared = health["cluster"]["shared"]
+    assert shared["redis"] is False
+    for what in ("audio_cache", "studio_clips", "cancel_by_id"):
+        assert "VOXMUX_CACHE_URL" in shared[what], shared
+    assert response.status_code == 200, response.text
+    audio = decode(response.content, "wav")
+    assert audio.duration > 1 and audio.rms > 0.01
+
+
+def test_sigterm_drains_the_stream_under_way_and_stops_cleanly(command: Command) -> None:
+    """SIGTERM while a stream is under way: the stream ends whole, then the command stops its
+    cluster and exits 0 (Ray's own handler used to abort it: exit 134)."""
+    text = " ".join(["The server is asked to stop while this sentence is spoken."] * 6)
+    with httpx.Client(base_url=command.url, timeout=120) as http, http.stream(
+        "POST", "/v1/audio/speech", json={"model": "piper", "input": text,
+                                          "response_format": "pcm"}) as response:
+        assert response.status_code == 200
+        chunks = response.iter_bytes()
+        body = next(chunks)
+        command.process.send_signal(signal.SIGTERM)
+        for chunk in chunks:
+            body += chunk
+    audio = decode(body, "pcm", pcm_rate=int(response.headers["x-sample-rate"]))
+    assert audio.duration > len(text) / 25
+    assert command.process.wait(timeout=90) == 0
+    log = command.log.read_text(errors="replace")
+    assert "Aborted" not in log and "Traceback" not in log, log[-3000:]
+    leftover = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _group(p) ==
+                command.process.pid]
+    assert not leftover, [(p / "cmdline").read_bytes() for p in leftover]
+
+
+def _group(proc: Path) -> int | None:
+    """The process group of a /proc entry (None if it is gone)."""
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None

@@ -1,0 +1,65 @@
+"""`[word](/ipa/)` on every engine, heard by Whisper: the word is said as its IPA says, and the
+word's timing spans the word, not the markup."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from engines.base import SynthesisRequest, TimedAudio
+from engines.espeak import EspeakEngine
+from engines.espeak_lib import espeak
+from engines.kokoro import KokoroEngine
+from engines.onnx import RuntimeOptions
+from engines.piper import PiperEngine
+from tests.conftest import CACHE_DIR
+from tests.hearing import hear, normalize
+
+WORD = "chocolate"
+MADE_UP = f"Please buy [Zyxqor](/{espeak().phonemize(WORD, 'en-us')}/) today."
+"""The made-up word read as eSpeak NG reads "chocolate": compared with the engine saying the
+word itself."""
+
+
+@pytest.fixture(scope="module", params=["kokoro", "piper", "espeak"])
+def engine(request: pytest.FixtureRequest) -> Iterator[tuple[object, str]]:
+    if request.param == "kokoro":
+        made: object = KokoroEngine(CACHE_DIR, None, RuntimeOptions())
+        voice = "jf_alpha"
+    elif request.param == "piper":
+        made = PiperEngine(None, RuntimeOptions(), CACHE_DIR)
+        voice = ""
+    else:
+        made = EspeakEngine()
+        voice = "en-us"
+    made.load()  # type: ignore[attr-defined]
+    yield made, voice or made.default_voice  # type: ignore[attr-defined]
+    made.unload()  # type: ignore[attr-defined]
+
+
+def _say(engine: object, voice: str, text: str, timings: bool = False) -> TimedAudio:
+    chunks = list(engine.stream_timed(  # type: ignore[attr-defined]
+        SynthesisRequest(text=text, voice=voice, timings=timings)))
+    return TimedAudio(np.concatenate([c.audio for c in chunks]),
+                      tuple(w for c in chunks for w in c.words))
+
+
+def test_inline_ipa_is_heard_as_written(engine: tuple[object, str]) -> None:
+    made, voice = engine
+    rate = made.sample_rate  # type: ignore[attr-defined]
+    plain = " ".join(normalize(hear(_say(made, voice, "Please buy Zyxqor today.").audio,
+                                    rate).text))
+    assert WORD not in plain
+    raw = " ".join(normalize(hear(_say(made, voice, f"Please buy {WORD} today.").audio,
+                                  rate).text))
+    assert WORD in raw, raw  # the engine can say it at all
+    said = _say(made, voice, MADE_UP, timings=True)
+    heard = " ".join(normalize(hear(said.audio, rate).text))
+    assert WORD in heard, heard
+    assert "zyxqor" not in heard and "ipa" not in heard
+    spans = {w.word: (w.char_start, w.char_end) for w in said.words}
+    assert "Zyxqor" in spans, spans
+    start, end = spans["Zyxqor"]
+    assert MADE_UP[start:end] == "Zyxqor"
