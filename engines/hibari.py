@@ -46,6 +46,7 @@ from engines.base import (
     describe,
 )
 from engines.frontend import base_language
+from engines.frontend.ipa import to_engine
 from engines.frontend.spans import Spanned
 from engines.onnx import RuntimeOptions, open_session, run, with_outputs
 from engines.signature import digest, file_digest, package_versions
@@ -67,9 +68,12 @@ engine finds the speed that gives the asked tempo once the graph has rounded eve
 DEFAULT_VOICE = "heart"
 SEED = 0
 """The DSP's noise generator is seeded per request: the same request is the same audio."""
-RENDERING = 1
+LINKED = 5
+"""The rating the package's G2P gives a `[word](/ipa/)` link: its reading is the client's IPA."""
+RENDERING = 2
 """Raised when a change here alters the audio of an unchanged request, so the audio cache, which
-keys voices by `fingerprint`, serves none rendered before."""
+keys voices by `fingerprint`, serves none rendered before (2: a client's IPA in misaki's
+symbols)."""
 FOLDER_HINT = "models/hibari/ (VOXMUX_MODELS_DIR/hibari)"
 
 
@@ -280,6 +284,8 @@ class Reader:
         symbol: int | None = None  # where a currency sign read with its amount began
         for token in tokens:
             said = self.g2p.unk if token.phonemes is None else token.phonemes
+            if token.rating == LINKED and said:  # a client's `[word](/ipa/)`: misaki's symbols
+                said = to_engine(said, "misaki").phonemes
             owner = -1
             if normal is not None:
                 at = text.find(token.text, cursor)
@@ -341,6 +347,7 @@ def graph_speed(durations: Any, speed: float) -> float:
 
 class HibariEngine:
     name = "hibari"
+    phoneme_set = "misaki"
     sample_rate = SAMPLE_RATE
     capabilities = Capabilities(
         # The graph divides each phoneme's duration by the speed and rounds it to whole 25 ms

@@ -165,3 +165,15 @@ def test_a_voice_not_on_disk_names_where_to_put_it_and_nothing_is_downloaded(
     finally:
         engine.unload()
     assert not (tmp_path / "package-cache").exists()
+
+
+def test_a_clients_ipa_reaches_the_model_in_misakis_symbols() -> None:
+    """`[word](/ipa/)` written the eSpeak way (`ː`, `oʊ`) is read in misaki's symbols, the set
+    hibari's voices were trained on (the package passes the link's text through as it is)."""
+    from engines.frontend.ipa import _MISAKI
+    from engines.hibari import Reader
+
+    reading = Reader(british=False).read("Say [tomato](/təˈmɑːtoʊ/) now.", timings=False)
+    phonemes = "".join(chunk.phonemes for chunk in reading.chunks)
+    assert "təˈmɑtO" in phonemes, phonemes
+    assert set(phonemes) <= _MISAKI | set(".,!?"), set(phonemes) - _MISAKI
