@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+import os
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
@@ -33,38 +34,37 @@ from app.serving.render import Renderer
 from app.serving.scheduler import Lane
 from app.serving.service import SpeechService
 from app.settings import Settings
-from engines.base import Engine
-from engines.espeak import EspeakEngine
-from engines.kokoro import KokoroEngine
+from engines.base import lane_concurrency
 from engines.onnx import CUDA, RuntimeOptions, check_providers
-from engines.piper import PiperEngine
+from engines.plugin import UnknownEngine, build_engine
 from engines.registry import EngineRegistry, ModelEntry, ModelHandle
 
 log = logging.getLogger(__name__)
 
-EngineBuilder = Callable[[Settings, RuntimeOptions], Engine]
-
-ENGINES: dict[str, EngineBuilder] = {
-    "kokoro": lambda s, rt: KokoroEngine(s.cache_dir, s.models_dir / "kokoro", rt,
-                                         s.kokoro_precision),
-    "piper": lambda s, rt: PiperEngine(s.models_dir / "piper", rt, s.cache_dir),
-    "espeak": lambda s, rt: EspeakEngine(),
-}
-"""Engine adapters by the `engine` name used in the catalogue; add yours here."""
-
 
 def build_registry(settings: Settings, catalogue: Catalogue, runtime: RuntimeOptions
                    ) -> EngineRegistry[Lane]:
-    """One handle per catalogue model: its engine adapter and its lane."""
+    """One handle per catalogue model: the engine class its entry names (`engines.plugin`),
+    built from the settings, and its lane."""
     def handle(entry: ModelEntry) -> ModelHandle[Lane]:
-        if entry.engine not in ENGINES:
-            raise ValueError(f"catalogue: model {entry.id} names unknown engine '{entry.engine}'")
-        engine = ENGINES[entry.engine](settings, runtime)
-        lane = Lane(entry.id, settings.concurrency, settings.queue_size, settings.client_places)
+        try:
+            engine = build_engine(entry.engine, settings, runtime)
+        except UnknownEngine as exc:
+            raise ValueError(f"catalogue: model {entry.id}: {exc}") from exc
+        turns = lane_concurrency(settings.concurrency, engine.capabilities, usable_cores())
+        lane = Lane(entry.id, turns, settings.queue_size, settings.client_places)
         return ModelHandle(entry, engine, lane, idle_ttl=settings.ttl_for(entry.id))
 
     return EngineRegistry([handle(e) for e in catalogue.models.values()],
                           max_loaded=settings.max_loaded)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, e.g. a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def runtime_options(settings: Settings) -> RuntimeOptions:

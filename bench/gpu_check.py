@@ -55,7 +55,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 import soundfile  # noqa: E402
 
 from app.cli.doctor import nvml_report  # noqa: E402
-from app.main import ENGINES, runtime_options  # noqa: E402
+from app.main import runtime_options  # noqa: E402
 from app.serving.catalogue import Catalogue  # noqa: E402
 from app.serving.memory import NVML  # noqa: E402
 from app.settings import Settings, load_settings  # noqa: E402
@@ -68,6 +68,7 @@ from engines.onnx import (  # noqa: E402
     runtime_package,
     runtime_version,
 )
+from engines.plugin import SHORT_NAMES, build_engine  # noqa: E402
 from engines.registry import ModelEntry  # noqa: E402
 
 TEXTS = {
@@ -183,10 +184,12 @@ def check_model(entry: ModelEntry, settings: Settings, out: Path | None,
                 runs: int = WARM_RUNS, texts: dict[str, str] = TEXTS) -> Result:
     result = Result(model=entry.id, engine=entry.engine)
     runtime = runtime_options(settings)
-    text = texts.get(entry.engine, texts["default"])
-    request = SynthesisRequest(text=text, voice=entry.default_voice)
+    request = SynthesisRequest(text=texts["default"], voice=entry.default_voice)
     try:
-        engine = ENGINES[entry.engine](settings, runtime)
+        engine = build_engine(entry.engine, settings, runtime)
+        result.engine = engine.name
+        request = SynthesisRequest(text=texts.get(engine.name, texts["default"]),
+                                   voice=entry.default_voice)
         with VramSampler() as vram:
             start = time.perf_counter()
             engine.load()
@@ -334,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("engines").setLevel(logging.ERROR)  # fallbacks are printed below
     results = [check_model(catalogue.models[m], settings, args.out, args.runs, texts)
                for m in wanted]
-    kokoro = any(catalogue.models[m].engine == "kokoro" for m in wanted)
+    kokoro = any(SHORT_NAMES.get(catalogue.models[m].engine, catalogue.models[m].engine)
+                 == SHORT_NAMES["kokoro"] for m in wanted)
     swept = sweep(settings, precisions, args.concurrency, args.rounds) if kokoro else []
     payload = {"environment": env, "results": [asdict(r) for r in results],
                "kokoro_precisions": [asdict(r) for r in swept],

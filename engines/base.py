@@ -10,6 +10,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -42,6 +43,24 @@ class Capabilities:
     neural: bool = True
     """A neural model. False for rule-based synthesis such as eSpeak NG's formant voices: they
     cover many languages but sound robotic, so the Studio lists neural voices first."""
+    whole_first_sentence: bool = False
+    """Never cut a stream's first sentence short for early audio: for an engine that makes a
+    sentence in a few tens of milliseconds the cut gains nothing and costs a call (the silence
+    it renders at either end, 5 % of hibari's work on five sentences) and the sentence's tune."""
+    cores_per_call: int = 0
+    """Cores one engine call keeps busy: 0 for every core (onnxruntime spreads an inference over
+    them), n for an engine whose calls cannot use more (a graph too small to split, work on the
+    host between inferences). Each of a model's `VOXMUX_CONCURRENCY` turns is then
+    `cores / cores_per_call` turns, so its lane keeps every core busy as one call of a
+    many-threaded engine does (`lane_concurrency`)."""
+
+
+def lane_concurrency(concurrency: int, capabilities: Capabilities, cores: int) -> int:
+    """Engine calls at once on a model's lane: `concurrency` calls that use every core each, or
+    as many more as fill the `cores` with calls that use `cores_per_call` each."""
+    if capabilities.cores_per_call <= 0:
+        return concurrency
+    return concurrency * max(1, cores // capabilities.cores_per_call)
 
 
 @dataclass(frozen=True)
@@ -101,6 +120,16 @@ class TimedAudio:
     words: tuple[WordTiming, ...] = ()
 
 
+class EngineSettings(Protocol):
+    """What every engine may read of VoxMux's settings in `from_settings` (an engine may read
+    more fields of its own, with a default where they are missing)."""
+
+    models_dir: Path
+    """User model files, one folder per model (`models/<engine>/`)."""
+    cache_dir: Path
+    """Writable: assembled weights, graphs edited for timings."""
+
+
 @runtime_checkable
 class Engine(Protocol):
     name: str
@@ -126,6 +155,10 @@ class Engine(Protocol):
         soon after `req.cancel` is set, inside a running inference where the runtime allows."""
 
     def synthesize(self, req: SynthesisRequest) -> Audio: ...
+
+    # An engine class also has `from_settings(settings: EngineSettings, runtime:
+    # engines.onnx.RuntimeOptions) -> Self`, a classmethod: the catalogue names the class by its
+    # import path and VoxMux builds it through that (`engines.plugin`).
 
 
 @runtime_checkable

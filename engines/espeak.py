@@ -17,6 +17,7 @@ from engines import align
 from engines.base import (
     Audio,
     Capabilities,
+    EngineSettings,
     InvalidParameter,
     SynthesisRequest,
     TimedAudio,
@@ -54,6 +55,10 @@ class EspeakEngine:
 
     def __init__(self) -> None:
         self._loaded = False
+
+    @classmethod
+    def from_settings(cls, settings: EngineSettings, runtime: object) -> EspeakEngine:
+        return cls()  # no files of its own: eSpeak NG's data ships in its package
 
     @property
     def loaded(self) -> bool:

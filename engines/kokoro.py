@@ -27,6 +27,7 @@ from engines import align
 from engines.base import (
     Audio,
     Capabilities,
+    EngineSettings,
     InvalidParameter,
     LoadFailed,
     SynthesisRequest,
@@ -231,6 +232,11 @@ class KokoroEngine:
         self._model_digest = _package_data("model.sha256").read_text().strip()[:16]
         self.voice_errors: dict[str, str] = {}
         self.rescan()
+
+    @classmethod
+    def from_settings(cls, settings: EngineSettings, runtime: RuntimeOptions) -> KokoroEngine:
+        precision: Precision = getattr(settings, "kokoro_precision", "int8")
+        return cls(settings.cache_dir, settings.models_dir / "kokoro", runtime, precision)
 
     @property
     def loaded(self) -> bool:

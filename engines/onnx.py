@@ -137,9 +137,11 @@ def _preload_nvidia_wheels() -> None:
         log.debug("onnxruntime.preload_dlls failed: %s", exc)
 
 
-def _create(model: Path | bytes, options: RuntimeOptions) -> Any:
+def _create(model: Path | bytes, options: RuntimeOptions, intra_op_threads: int | None = None
+            ) -> Any:
     opts = _ort().SessionOptions()
-    opts.intra_op_num_threads = options.intra_op_threads
+    opts.intra_op_num_threads = (options.intra_op_threads if intra_op_threads is None
+                                 else intra_op_threads)
     opts.inter_op_num_threads = options.inter_op_threads
     opts.add_session_config_entry(
         "session.intra_op.allow_spinning", "1" if options.spinning else "0"
@@ -188,20 +190,25 @@ def _create(model: Path | bytes, options: RuntimeOptions) -> Any:
     return session
 
 
-def open_session(model: Path | bytes, options: RuntimeOptions) -> Any:
-    session = _create(model, options)
+def open_session(model: Path | bytes, options: RuntimeOptions,
+                 intra_op_threads: int | None = None) -> Any:
+    """A session with `options`; `intra_op_threads` overrides theirs (an engine whose
+    inferences are too small to split over threads)."""
+    session = _create(model, options, intra_op_threads)
     options.note_in_use(list(session.get_providers()))
     return session
 
 
-def run(session: Any, feeds: dict[str, Any], cancel: CancelToken) -> list[Any]:
+def run(session: Any, feeds: dict[str, Any], cancel: CancelToken,
+        outputs: list[str] | None = None) -> list[Any]:
     """`session.run` that `cancel` can stop mid-inference: its hook sets the run's
-    `RunOptions.terminate`, and onnxruntime gives up at its next node."""
+    `RunOptions.terminate`, and onnxruntime gives up at its next node. `outputs`: only these
+    (onnxruntime then runs only the nodes they need); None: every output."""
     cancel.check()
     options = _ort().RunOptions()
     forget = cancel.on_cancel(lambda: setattr(options, "terminate", True))
     try:
-        return list(session.run(None, feeds, options))
+        return list(session.run(outputs, feeds, options))
     except Exception:
         cancel.check()  # stopped because we asked: a cancel, not an engine failure
         raise

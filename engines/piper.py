@@ -27,6 +27,7 @@ from engines import align
 from engines.base import (
     Audio,
     Capabilities,
+    EngineSettings,
     InvalidParameter,
     LoadFailed,
     SynthesisRequest,
@@ -228,6 +229,10 @@ class PiperEngine:
         self.default_voice = self._embedded.stem
         self.sample_rate = self._embedded.sample_rate
         self.rescan()
+
+    @classmethod
+    def from_settings(cls, settings: EngineSettings, runtime: RuntimeOptions) -> PiperEngine:
+        return cls(settings.models_dir / "piper", runtime, settings.cache_dir)
 
     @property
     def loaded(self) -> bool:

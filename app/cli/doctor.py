@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from app.http.auth import KEY_FILE
-from app.main import ENGINES, runtime_options
+from app.main import runtime_options
 from app.serving.catalogue import Catalogue
 from app.settings import Settings, profiles_dir
 from engines import kokoro
 from engines.onnx import available_providers, probe_providers, runtime_package, runtime_version
+from engines.plugin import build_engine
 from engines.registry import ModelEntry
 
 SAMPLE_VOICES = 5
@@ -165,11 +166,8 @@ def _model(entry: ModelEntry, settings: Settings, found: Findings) -> dict[str, 
     info: dict[str, Any] = {"engine": entry.engine, "installed": False, "voices": 0,
                             "sample_voices": [], "default_voice": entry.default_voice,
                             "voice_errors": {}, "weights": None, "error": None}
-    builder = ENGINES.get(entry.engine)
     try:
-        if builder is None:
-            raise LookupError(f"unknown engine '{entry.engine}' (known: {', '.join(ENGINES)})")
-        engine = builder(settings, runtime_options(settings))
+        engine = build_engine(entry.engine, settings, runtime_options(settings))
         voices = [voice.id for voice in engine.voices()]
     except Exception as exc:
         info["error"] = f"{type(exc).__name__}: {exc}"
@@ -183,7 +181,7 @@ def _model(entry: ModelEntry, settings: Settings, found: Findings) -> dict[str, 
     if entry.default_voice not in voices:
         found.problems.append(f"model {entry.id}: default voice '{entry.default_voice}' is not "
                               "installed")
-    if entry.engine == "kokoro":
+    if isinstance(engine, kokoro.KokoroEngine):
         info["weights"] = _kokoro_weights(entry.id, settings.cache_dir, found)
     return info
 

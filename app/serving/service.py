@@ -38,7 +38,7 @@ from app.serving.tracking import RequestRecord, ServingStats
 from app.settings import Settings
 from app.text.feed import TextFeed
 from app.text.prepared import cut, prepare
-from app.text.split import segment_offsets, split_text
+from app.text.split import first_sentence, segment_offsets, split_text
 from app.text.ssml import detect
 from engines.base import InvalidParameter, SynthesisRequest, TimedEngine, VoiceNotFound
 from engines.frontend.ipa import unsayable
@@ -128,10 +128,15 @@ class SpeechService:
         return self.registry.handles()
 
     def resolve_voice(self, handle: ModelHandle[Lane], voice: str | None) -> str:
+        """The model's voice id for what a request named: its default for nothing, an OpenAI
+        or operator alias through the model's map, unless the model has a voice of that very
+        name (hibari's `fable` once its file is installed), which wins."""
         entry = handle.entry
         if not voice:
             return entry.default_voice
-        return entry.voice_map.get(voice, voice)
+        if voice not in entry.voice_map or any(v.id == voice for v in handle.engine.voices()):
+            return voice
+        return entry.voice_map[voice]
 
     # -- planning ----------------------------------------------------------------------------
 
@@ -195,12 +200,16 @@ class SpeechService:
             most: int | None = None) -> list[str]:
         """`text` in the segments `plan`'s engine is given, each at most `most` characters (and
         never over the engine's limit)."""
-        limit = plan.engine.capabilities.max_segment_chars
+        capabilities = plan.engine.capabilities
+        limit = capabilities.max_segment_chars
         most = min(most, limit) if most else limit
+        first = most if whole else self.settings.first_segment_chars
+        if capabilities.whole_first_sentence and first < most:
+            first = max(first, len(first_sentence(text, most)))
         return split_text(
             text,
             max_chars=most,
-            first_max_chars=most if whole else self.settings.first_segment_chars,
+            first_max_chars=first,
             growth=self.settings.segment_growth,
         )
 

@@ -194,7 +194,7 @@ def model_rows(service: SpeechService, views: dict[str, ModelView]) -> list[Mode
     return [
         ModelRow(
             id=handle.id,
-            engine=handle.entry.engine,
+            engine=handle.engine.name,
             description=handle.entry.description,
             status=str(views[handle.id].status),
             error=views[handle.id].error,

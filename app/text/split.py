@@ -284,6 +284,14 @@ def split_text(
 JoinKind = Literal["sentence", "clause", "word"]
 
 
+def first_sentence(text: str, max_chars: int) -> str:
+    """The first segment `text` would have without a shorter first budget: its first sentence
+    (at most `max_chars`)."""
+    splitter = IncrementalSplitter(max_chars=max_chars, first_max_chars=max_chars)
+    segments = splitter.feed(text) + splitter.flush()
+    return segments[0] if segments else ""
+
+
 def join_kind(segment: str) -> JoinKind:
     """How `segment` ends: at a sentence end (or a paragraph), at a clause mark, or between two
     words (a cut made for the budget)."""

@@ -30,7 +30,7 @@ def test_cuda_requested_serves_on_cpu_and_health_is_degraded(
     try:
         with live.client() as http:
             response = http.post("/v1/audio/speech", json={
-                "model": "tts-1", "voice": "alloy", "input": "Still speaking, on the CPU.",
+                "model": "piper", "voice": "alloy", "input": "Still speaking, on the CPU.",
                 "response_format": "wav"})
             assert response.status_code == 200, response.text
             audio = decode(response.content, "wav")

@@ -143,7 +143,7 @@ def test_only_engine_replicas_import_onnxruntime(cluster: Deployed) -> None:
 
 def test_openai_sdk_speech_on_piper_and_espeak(cluster: Deployed) -> None:
     client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="unused", max_retries=0)
-    spoken = {"tts-1": "The cluster speaks with the same voice as one process.",
+    spoken = {"piper": "The cluster speaks with the same voice as one process.",
               "espeak": "Hello from the speech cluster."}
     for model, text in spoken.items():
         response = client.audio.speech.create(model=model, voice="alloy", input=text,
@@ -163,7 +163,7 @@ def test_streaming_reaches_the_client_before_the_whole_audio(cluster: Deployed) 
     arrivals: list[float] = []
     body = b""
     with client.audio.speech.with_streaming_response.create(
-        model="tts-1", voice="alloy", input=unique(TEN), response_format="pcm"
+        model="piper", voice="alloy", input=unique(TEN), response_format="pcm"
     ) as response:
         rate = int(response.headers["x-sample-rate"])
         for chunk in response.iter_bytes():

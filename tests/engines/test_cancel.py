@@ -11,6 +11,7 @@ import pytest
 
 from engines.base import Cancelled, CancelToken, Engine, SynthesisRequest
 from engines.espeak import EspeakEngine
+from engines.hibari import HibariEngine
 from engines.kokoro import KokoroEngine
 from engines.onnx import RuntimeOptions
 from engines.piper import PiperEngine
@@ -21,11 +22,13 @@ LONG = ("The lighthouse keeper climbed the spiral stairs every evening, counting
         "the small warm light he tended so carefully through the long cold night")
 
 
-@pytest.fixture(scope="module", params=["kokoro", "piper"])
+@pytest.fixture(scope="module", params=["kokoro", "piper", "hibari"])
 def onnx_engine(request: pytest.FixtureRequest) -> Iterator[tuple[Engine, str]]:
     engine: Engine
     if request.param == "kokoro":
         engine, voice = KokoroEngine(CACHE_DIR, None, RuntimeOptions()), "jf_alpha"
+    elif request.param == "hibari":
+        engine, voice = HibariEngine(None, RuntimeOptions(), CACHE_DIR), "heart"
     else:
         engine = PiperEngine(None, RuntimeOptions())
         voice = engine.default_voice  # type: ignore[attr-defined]

@@ -11,6 +11,7 @@ import pytest
 from engines.base import SynthesisRequest, TimedAudio
 from engines.espeak import EspeakEngine
 from engines.espeak_lib import espeak
+from engines.hibari import HibariEngine
 from engines.kokoro import KokoroEngine
 from engines.onnx import RuntimeOptions
 from engines.piper import PiperEngine
@@ -23,7 +24,7 @@ MADE_UP = f"Please buy [Zyxqor](/{espeak().phonemize(WORD, 'en-us')}/) today."
 word itself."""
 
 
-@pytest.fixture(scope="module", params=["kokoro", "piper", "espeak"])
+@pytest.fixture(scope="module", params=["kokoro", "piper", "espeak", "hibari"])
 def engine(request: pytest.FixtureRequest) -> Iterator[tuple[object, str]]:
     if request.param == "kokoro":
         made: object = KokoroEngine(CACHE_DIR, None, RuntimeOptions())
@@ -31,6 +32,9 @@ def engine(request: pytest.FixtureRequest) -> Iterator[tuple[object, str]]:
     elif request.param == "piper":
         made = PiperEngine(None, RuntimeOptions(), CACHE_DIR)
         voice = ""
+    elif request.param == "hibari":
+        made = HibariEngine(None, RuntimeOptions(), CACHE_DIR)
+        voice = "heart"
     else:
         made = EspeakEngine()
         voice = "en-us"

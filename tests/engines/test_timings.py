@@ -17,6 +17,7 @@ from engines.base import SynthesisRequest, TimedAudio, WordTiming
 from engines.espeak import EspeakEngine
 from engines.frontend import en, ja, prepare_spanned, zh
 from engines.frontend.spans import Spanned
+from engines.hibari import HibariEngine
 from engines.kokoro import DURATIONS as KOKORO_DURATIONS
 from engines.kokoro import KokoroEngine, assemble_model, prepare_model
 from engines.onnx import RuntimeOptions
@@ -88,7 +89,7 @@ def _timed(engine: object, voice: str, text: str = SENTENCE) -> TimedAudio:
     return chunks[0]
 
 
-@pytest.mark.parametrize("name", ["kokoro", "piper", "espeak"])
+@pytest.mark.parametrize("name", ["kokoro", "piper", "hibari", "espeak"])
 def test_every_engine_times_every_word_of_the_input(name: str) -> None:
     if name == "kokoro":
         engine: object = KokoroEngine(CACHE_DIR, None, RuntimeOptions())
@@ -96,6 +97,8 @@ def test_every_engine_times_every_word_of_the_input(name: str) -> None:
     elif name == "piper":
         engine = PiperEngine(None, RuntimeOptions(), cache_dir=CACHE_DIR)
         voice = "en_US-joe-medium"
+    elif name == "hibari":
+        engine, voice = HibariEngine(None, RuntimeOptions(), CACHE_DIR), "heart"
     else:
         engine, voice = EspeakEngine(), "en-us"
     engine.load()  # type: ignore[attr-defined]

@@ -1,16 +1,19 @@
 """A test engine whose faults are switched on by its text and by a shared `Faults` object.
 
-It is registered the way a user adds an adapter: an entry in `app.main.ENGINES` and a model in a
-catalogue that names it (see `faulty_catalogue`). A segment containing `BOOM` raises; `HANG`
-blocks until the request is cancelled (as a well-behaved engine stops when told) or
-`Faults.release` is set; `STUCK` blocks until `Faults.release` whatever happens (an engine that
-cannot be interrupted); `SLOW` takes `Faults.slow_seconds` and ignores cancels.
-`Faults.load_error` makes `load()` fail, `Faults.load_seconds` makes it slow. Every call counts in
-`running`/`peak`, and an `unload()` while a call runs is recorded. Anything else is a short tone.
+It is added the way a user adds an engine: a model in a catalogue that names the class by its
+import path (see `faulty_catalogue`); VoxMux builds it with `FaultyEngine.from_settings`, which
+hands it the `Faults` a test put in `FaultyEngine.faults_for_next` (see `faulty_engines`).
+A segment containing `BOOM` raises; `HANG` blocks until the request is cancelled (as a
+well-behaved engine stops when told) or `Faults.release` is set; `STUCK` blocks until
+`Faults.release` whatever happens (an engine that cannot be interrupted); `SLOW` takes
+`Faults.slow_seconds` and ignores cancels. `Faults.load_error` makes `load()` fail,
+`Faults.load_seconds` makes it slow. Every call counts in `running`/`peak`, and an `unload()`
+while a call runs is recorded. Anything else is a short tone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +24,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.main import ENGINES
 from app.resources import CONFIG
 from engines.base import Audio, Capabilities, SynthesisRequest, Voice, VoiceNotFound
 from tests.conftest import LiveServer, start_server, test_settings
@@ -58,9 +60,16 @@ class FaultyEngine:
     sample_rate = RATE
     capabilities = Capabilities(speed_range=(0.5, 2.0), languages=("en",), max_segment_chars=400)
 
+    faults_for_next: Faults | None = None
+
     def __init__(self, faults: Faults) -> None:
         self.faults = faults
         self._loaded = False
+
+    @classmethod
+    def from_settings(cls, settings: object, runtime: object) -> FaultyEngine:
+        assert cls.faults_for_next is not None, "build it inside faulty_engines(faults)"
+        return cls(cls.faults_for_next)
 
     @property
     def loaded(self) -> bool:
@@ -122,7 +131,8 @@ def tone(seconds: float) -> Audio:
 def faulty_catalogue(tmp: Path) -> Path:
     """The shipped catalogue plus one `faulty` model, written under `tmp`."""
     shipped = (CONFIG / "models.toml").read_text(encoding="utf-8")
-    extra = f'\n[models.{MODEL}]\nengine = "{MODEL}"\ndefault_voice = "{VOICE}"\n'
+    extra = (f'\n[models.{MODEL}]\nengine = "{__name__}:FaultyEngine"\n'
+             f'default_voice = "{VOICE}"\n')
     path = tmp / "models.toml"
     path.write_text(shipped + extra, encoding="utf-8")
     return path
@@ -133,6 +143,13 @@ def start_with_faulty(tmp: Path, faults: Faults, **overrides: Any) -> LiveServer
     is one segment there (no packing), so a test counts segments by its sentences."""
     overrides.setdefault("segment_growth", 1.0)
     settings = test_settings(tmp, catalogue=faulty_catalogue(tmp), **overrides)
-    with pytest.MonkeyPatch.context() as patch:  # engines are built inside create_app
-        patch.setitem(ENGINES, MODEL, lambda s, rt: FaultyEngine(faults))
+    with faulty_engines(faults):  # engines are built inside create_app
         return start_server(settings)
+
+
+@contextlib.contextmanager
+def faulty_engines(faults: Faults) -> Iterator[None]:
+    """The `faulty` engines built inside this block share `faults`."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(FaultyEngine, "faults_for_next", faults)
+        yield

@@ -135,12 +135,12 @@ def test_neural_voices_come_first(server: LiveServer) -> None:
         japanese = client.get("/studio/fragments/voices", params={"language": "ja"}).text
     models = [key.split(":")[0] for key in _keys(everything)]
     first_espeak = models.index("espeak")
-    assert set(models[:first_espeak]) == {"kokoro", "piper"}
+    assert set(models[:first_espeak]) == {"kokoro", "piper", "hibari"}
     assert set(models[first_espeak:]) == {"espeak"}
     assert everything.index('id="kind-neural"') < everything.index('id="kind-rule-based"')
-    assert {k.split(":")[0] for k in _keys(neural)} == {"kokoro", "piper"}
+    assert {k.split(":")[0] for k in _keys(neural)} == {"kokoro", "piper", "hibari"}
     assert {k.split(":")[0] for k in _keys(rule)} == {"espeak"}
-    assert re.search(r"\b6 neural\b", everything)
+    assert re.search(r"\b7 neural\b", everything)
     # One language spoken by both kinds is two groups, the neural one first and open.
     assert japanese.index('data-group="lang-ja"') < japanese.index('data-group="rule-ja"')
     assert re.search(r'data-group="lang-ja"[^>]*\n\s*open', japanese)

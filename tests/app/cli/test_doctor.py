@@ -37,7 +37,7 @@ def test_report_names_runtime_models_voices_and_dirs(tmp_path: Path) -> None:
     if not nvml["available"]:  # this machine: no NVIDIA driver
         assert nvml["detail"] and nvml["devices"] == []
     models = report["models"]
-    assert set(models) == {"kokoro", "piper", "espeak"}
+    assert set(models) == {"kokoro", "piper", "hibari", "espeak"}
     assert {"jf_alpha", "jm_kumo"} <= set(models["kokoro"]["sample_voices"])
     assert models["kokoro"]["voices"] >= 5
     assert models["kokoro"]["weights"] == f"assembled: {CACHE_DIR / 'kokoro-v1.0.int8.onnx'}"
@@ -95,7 +95,7 @@ default_voice = "x"
 """)
     report = doctor.collect(settings(tmp_path, catalogue=catalogue, preload=["ghost"]))
     assert not report["ok"]
-    assert report["models"]["robot"]["error"].startswith("LookupError: unknown engine 'nope'")
+    assert report["models"]["robot"]["error"].startswith("UnknownEngine: unknown engine 'nope'")
     assert report["models"]["piper"]["installed"]  # the others are still reported
     assert any("preload names 'ghost'" in w for w in report["warnings"])
 

@@ -21,7 +21,7 @@ def unique(text: str = TEXT) -> str:
 def test_synth_returns_wav_with_stats(server: LiveServer) -> None:
     text = unique()
     with server.client() as http:
-        response = http.post("/v1/synth", json={"model": "tts-1", "input": text,
+        response = http.post("/v1/synth", json={"model": "piper", "input": text,
                                                 "voice": "alloy"})
     assert response.status_code == 200
     assert response.headers["content-type"] == "audio/wav"
@@ -84,9 +84,9 @@ def test_legacy_route_defaults_to_wav_for_audio_tags(server: LiveServer) -> None
 def test_legacy_route_formats_voice_and_speed(server: LiveServer, fmt: str) -> None:
     text = unique("Speed and voice come from the query string too.")
     with server.client() as http:
-        normal = http.get("/api/tts", params={"text": text, "model": "tts-1", "voice": "alloy",
+        normal = http.get("/api/tts", params={"text": text, "model": "piper", "voice": "alloy",
                                               "format": fmt})
-        fast = http.get("/api/tts", params={"text": text, "model": "tts-1", "voice": "alloy",
+        fast = http.get("/api/tts", params={"text": text, "model": "piper", "voice": "alloy",
                                             "format": fmt, "speed": 2})
     assert normal.status_code == fast.status_code == 200
     rate = int(normal.headers["x-sample-rate"])

@@ -26,7 +26,7 @@ def sdk(server: LiveServer) -> openai.OpenAI:
 # -- pcm is 24 kHz, as OpenAI defines it ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("model", ["tts-1", "tts-1-hd", "espeak"])
+@pytest.mark.parametrize("model", ["tts-1", "piper", "kokoro", "espeak"])
 def test_pcm_played_at_24khz_lasts_as_long_as_the_wav(server: LiveServer, model: str) -> None:
     """A voice agent plays `pcm` at 24 kHz without reading a header: the speech must last as long
     (and so sound at the pitch) of the same request's wav, which states its own rate."""
@@ -47,9 +47,9 @@ def test_pcm_played_at_24khz_lasts_as_long_as_the_wav(server: LiveServer, model:
 def test_sse_pcm_deltas_are_24khz_too(server: LiveServer) -> None:
     with server.client() as http:
         wav = http.post("/v1/audio/speech", json={
-            "model": "tts-1", "voice": "alloy", "input": TEXT, "response_format": "wav"})
+            "model": "piper", "voice": "alloy", "input": TEXT, "response_format": "wav"})
         sse = http.post("/v1/audio/speech", json={
-            "model": "tts-1", "voice": "alloy", "input": TEXT, "response_format": "pcm",
+            "model": "piper", "voice": "alloy", "input": TEXT, "response_format": "pcm",
             "stream_format": "sse"})
     assert sse.headers["x-sample-rate"] == "24000"
     events = [json.loads(line[6:]) for line in sse.text.splitlines() if line.startswith("data: ")]
@@ -61,7 +61,7 @@ def test_sse_pcm_deltas_are_24khz_too(server: LiveServer) -> None:
 
 def test_native_routes_keep_the_engine_rate(server: LiveServer) -> None:
     with server.client() as http:
-        legacy = http.get("/api/tts", params={"text": "Hello there.", "model": "tts-1",
+        legacy = http.get("/api/tts", params={"text": "Hello there.", "model": "piper",
                                               "format": "pcm"})
     assert legacy.headers["x-sample-rate"] == "22050"
     assert legacy.headers["content-type"] == "audio/pcm;rate=22050"
@@ -74,8 +74,8 @@ def test_sdk_lists_and_retrieves_every_alias(server: LiveServer) -> None:
     client = sdk(server)
     listed = {model.id: model for model in client.models.list()}
     assert {"kokoro", "piper", "espeak", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"} <= set(listed)
-    assert (listed["tts-1"].model_extra or {})["alias_of"] == "piper"
-    assert (listed["gpt-4o-mini-tts"].model_extra or {})["alias_of"] == "kokoro"
+    assert (listed["tts-1"].model_extra or {})["alias_of"] == "hibari"
+    assert (listed["gpt-4o-mini-tts"].model_extra or {})["alias_of"] == "hibari"
     assert client.models.retrieve("tts-1").id == "tts-1"
     assert client.models.retrieve("piper").id == "piper"
     with pytest.raises(openai.NotFoundError):
@@ -154,7 +154,7 @@ def test_seed_examples_speak_with_the_catalogue_lines(tmp_path: Path) -> None:
     assert angevoice.status_code == 200 and angevoice.headers["x-voxmux-voice"] == "jm_kumo"
     assert decode(angevoice.content, "wav").rms > 0.01
     assert unmapped.status_code == 200
-    assert unmapped.headers["x-voxmux-voice"] == "en_US-joe-medium"
+    assert unmapped.headers["x-voxmux-voice"] == "heart"  # tts-1 is hibari
     assert "voice 'nobody'" in unmapped.headers["x-voxmux-warnings"]
     assert decode(unmapped.content, "wav").rms > 0.01
 

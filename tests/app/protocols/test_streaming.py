@@ -30,14 +30,14 @@ TEN = " ".join(SENTENCES)
 
 
 def test_sdk_streaming_delivers_first_audio_long_before_the_last(server: LiveServer) -> None:
-    with server.client() as http:  # streaming is measured here, not Piper's load (tts-1 = piper)
+    with server.client() as http:  # streaming is measured here, not Piper's load
         http.post("/v1/models/piper/load").raise_for_status()
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
     started = time.perf_counter()
     arrivals: list[float] = []
     body = b""
     with client.audio.speech.with_streaming_response.create(
-        model="tts-1", voice="alloy", input=TEN, response_format="pcm"
+        model="piper", voice="alloy", input=TEN, response_format="pcm"
     ) as response:
         rate = int(response.headers["x-sample-rate"])
         for chunk in response.iter_bytes():

@@ -134,7 +134,7 @@ def test_frames_arrive_in_order_and_decode_to_speech(server: LiveServer) -> None
 
 
 def test_wav_format_sends_a_streaming_header_first(server: LiveServer) -> None:
-    got = session(server, {"model": "tts-1", "text": "Hello from the wave format.",
+    got = session(server, {"model": "piper", "text": "Hello from the wave format.",
                            "format": "wav"})
     assert got.kinds[:2] == ["started", "bin"] and got.frames[0]["format"] == "wav"
     header = got.binary[0]

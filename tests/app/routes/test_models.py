@@ -25,9 +25,10 @@ def test_models_list_has_ids_aliases_and_status(server: LiveServer) -> None:
         body = http.get("/v1/models").json()
     assert body["object"] == "list"
     cards = {m["id"]: m for m in body["data"] if m["alias_of"] is None}
-    assert set(cards) == {"kokoro", "piper", "espeak"}
-    assert cards["piper"]["aliases"] == ["tts-1"]
-    assert set(cards["kokoro"]["aliases"]) == {"tts-1-hd", "gpt-4o-mini-tts"}
+    assert set(cards) == {"kokoro", "piper", "hibari", "espeak"}
+    # OpenAI's model names speak English on hibari (README: the measured choice).
+    assert cards["hibari"]["aliases"] == ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"]
+    assert cards["piper"]["aliases"] == cards["kokoro"]["aliases"] == []
     for card in cards.values():
         assert card["object"] == "model" and card["owned_by"] and card["created"] > 0
         assert card["status"] in {"unloaded", "loading", "ready", "error"}
@@ -38,8 +39,8 @@ def test_model_by_alias(server: LiveServer) -> None:
     with server.client() as http:
         card = http.get("/v1/models/tts-1-hd").json()
         model = http.get("/v1/models/kokoro").json()
-    assert (card["id"], card["alias_of"], card["engine"]) == ("tts-1-hd", "kokoro", "kokoro")
-    assert (model["id"], model["alias_of"]) == ("kokoro", None)
+    assert (card["id"], card["alias_of"], card["engine"]) == ("tts-1-hd", "hibari", "hibari")
+    assert (model["id"], model["alias_of"], model["engine"]) == ("kokoro", None, "kokoro")
 
 
 def test_voices_per_model(server: LiveServer) -> None:
@@ -52,12 +53,12 @@ def test_voices_per_model(server: LiveServer) -> None:
     alpha = next(v for v in kokoro if v["id"] == "jf_alpha")
     assert (alpha["language"], alpha["gender"]) == ("ja", "female")
     assert len(espeak) > 100 and {"en-us", "cmn"} <= {v["language"] for v in espeak}
-    assert {v["model"] for v in every} == {"kokoro", "piper", "espeak"}
+    assert {v["model"] for v in every} == {"kokoro", "piper", "hibari", "espeak"}
 
 
 def test_every_openai_voice_name_speaks_on_every_model(server: LiveServer) -> None:
     with server.client() as http:
-        for model in ("tts-1", "tts-1-hd", "espeak"):
+        for model in ("tts-1", "piper", "kokoro", "espeak"):
             for voice in OPENAI_VOICES:
                 response = http.post("/v1/audio/speech", json={
                     "model": model, "voice": voice, "input": "Hi.", "response_format": "pcm"})
@@ -98,7 +99,7 @@ def test_a_model_that_fails_to_load_is_isolated(tmp_path: Path) -> None:
             assert kokoro["status"] == "error" and kokoro["error"]
             assert http.get("/health").json()["status"] == "degraded"
             failed = http.post("/v1/audio/speech", json={
-                "model": "tts-1-hd", "input": "Hello.", "voice": "alloy"})
+                "model": "kokoro", "input": "Hello.", "voice": "alloy"})
             assert failed.status_code == 503
             assert failed.json()["error"]["code"] == "model_load_failed"
             ok = http.post("/v1/audio/speech", json={

@@ -62,7 +62,7 @@ def test_malformed_ssml_is_a_400_naming_line_and_column(live: LiveServer) -> Non
     assert "line 2, column" in error["message"]
 
 
-@pytest.mark.parametrize("model", ["espeak", "piper", "kokoro"])
+@pytest.mark.parametrize("model", ["espeak", "piper", "kokoro", "hibari"])
 def test_a_break_is_that_long_in_the_audio(live: LiveServer, model: str) -> None:
     audio, _ = _speak(live, model, '<speak>Good morning.<break time="700ms"/>'
                       'Good night.</speak>')

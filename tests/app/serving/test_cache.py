@@ -186,7 +186,7 @@ def fresh_text() -> str:
 def test_repeat_is_a_hit_with_identical_bytes_and_no_engine_call(
     server: LiveServer, engine_calls: list[str]
 ) -> None:
-    body = {"model": "tts-1", "voice": "alloy", "input": fresh_text(), "response_format": "mp3"}
+    body = {"model": "piper", "voice": "alloy", "input": fresh_text(), "response_format": "mp3"}
     with server.client() as http:
         first = http.post("/v1/audio/speech", json=body)
         calls_after_miss = len(engine_calls)
@@ -211,12 +211,12 @@ def test_a_websocket_request_is_served_from_the_cache(
     text = fresh_text()
     with server.client() as http:
         wav = http.post("/v1/audio/speech", json={  # the engine's rate, as on the socket
-            "model": "tts-1", "voice": "alloy", "input": text, "response_format": "wav"}).content
+            "model": "piper", "voice": "alloy", "input": text, "response_format": "wav"}).content
     pcm = wav[44:]  # after the streaming WAV header
     calls_after_miss = len(engine_calls)
     audio = b""
     with connect(server.url.replace("http", "ws") + "/ws/v1/tts") as ws:
-        ws.send(json.dumps({"model": "tts-1", "voice": "alloy", "input": text}))
+        ws.send(json.dumps({"model": "piper", "voice": "alloy", "input": text}))
         for message in ws:
             if isinstance(message, bytes):
                 audio += message
@@ -232,7 +232,7 @@ def test_a_websocket_request_is_served_from_the_cache(
 def test_invalidating_a_model_makes_the_next_request_a_miss(
     server: LiveServer, engine_calls: list[str]
 ) -> None:
-    body = {"model": "tts-1", "voice": "alloy", "input": fresh_text(), "response_format": "pcm"}
+    body = {"model": "piper", "voice": "alloy", "input": fresh_text(), "response_format": "pcm"}
     with server.client() as http:
         assert http.post("/v1/audio/speech", json=body).headers["x-voxmux-cache"] == "miss"
         assert http.post("/v1/audio/speech", json=body).headers["x-voxmux-cache"] == "hit"

@@ -26,15 +26,15 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from app.main import ENGINES, create_app
+from app.main import create_app
 from app.serving.scheduler import LaneState
 from tests.conftest import LiveServer, start_server, test_settings
 from tests.reliability.checks import IDLE, hang_up, idle_state, wait_until
 from tests.reliability.faulty import (
     MODEL,
     Faults,
-    FaultyEngine,
     faulty_catalogue,
+    faulty_engines,
     start_with_faulty,
 )
 
@@ -162,8 +162,7 @@ async def test_a_response_that_cannot_be_sent_stops_its_job(tmp_path: Path,
     connection): the job is stopped and recorded as cancelled, not run to the end and cached."""
     settings = test_settings(tmp_path, preload=[], catalogue=faulty_catalogue(tmp_path),
                              concurrency=1)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(ENGINES, MODEL, lambda s, rt: FaultyEngine(faults))
+    with faulty_engines(faults):
         app = create_app(settings)
     service = app.state.service
     body = json.dumps({"model": MODEL, "input": slow_text(6)}).encode()
