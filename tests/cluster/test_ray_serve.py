@@ -2,8 +2,9 @@
 
 One cluster for the module (it takes 10-30 s to start on this machine): two ingress replicas
 sharing a Redis cache, two engine replicas holding one model each, one request at a time per
-replica plus one queued (so overload is easy to reach). The last test redeploys with one engine
-replica to watch an eviction meet a stream.
+replica plus one queued (so overload is easy to reach). The later tests redeploy once with one
+engine replica (many streams from both ingress replicas, an eviction meeting a stream, killed
+replicas), the last one with autoscaling.
 """
 
 from __future__ import annotations
@@ -369,11 +370,16 @@ def written_since(before: dict[Path, int]) -> str:
     return "".join(text)
 
 
+NARROW = {"ray_engine_replicas": 1, "ray_ingress_replicas": 2, "cache_url": None,
+          "cache_max_items": 0, "concurrency": 2, "queue_size": 16}
+"""One engine replica taking two requests at once behind two ingress replicas, no cache: the
+tests from here on share it (a redeploy costs seconds)."""
+
+
 def test_two_ingress_replicas_stream_through_one_engine_replica(cluster: Deployed) -> None:
-    """16 streams at once from both ingress replicas to one engine replica that renders one
+    """16 streams at once from both ingress replicas to one engine replica that renders two
     at a time: every one is queued by Serve and spoken whole; nothing collides on the replica."""
-    cluster.redeploy(ray_engine_replicas=1, ray_ingress_replicas=2, queue_size=16,
-                     cache_url=None, cache_max_items=0)
+    cluster.redeploy(**NARROW)
     speech(cluster, "piper", "Warm.").raise_for_status()
     logs = ray_logs()
     results: list[tuple[str, list[dict[str, Any]]]] = []
@@ -406,11 +412,6 @@ def test_two_ingress_replicas_stream_through_one_engine_replica(cluster: Deploye
         assert decode(pcm, "pcm", pcm_rate=24000).duration > 2
     logged = written_since(logs)
     assert "Traceback" not in logged and "KeyError" not in logged, logged[-3000:]
-
-
-NARROW = {"ray_engine_replicas": 1, "ray_ingress_replicas": 1, "cache_url": None,
-          "cache_max_items": 0, "concurrency": 2}
-"""One engine replica taking two requests at once, one ingress replica, no cache."""
 
 
 def test_an_evicted_model_finishes_the_stream_it_serves(cluster: Deployed) -> None:

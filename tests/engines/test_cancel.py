@@ -46,7 +46,8 @@ def timed(engine: Engine, request: SynthesisRequest) -> float:
 def test_a_cancel_stops_a_running_inference(onnx_engine: tuple[Engine, str]) -> None:
     engine, voice = onnx_engine
     timed(engine, SynthesisRequest(text=LONG, voice=voice))  # first-run costs out of the way
-    whole = min(timed(engine, SynthesisRequest(text=LONG, voice=voice)) for _ in range(2))
+    # One timing: noise only lengthens it, which moves the cancel later and loosens the bound.
+    whole = timed(engine, SynthesisRequest(text=LONG, voice=voice))
     token = CancelToken()
     timer = threading.Timer(whole * 0.2, token.cancel)
     started = time.perf_counter()

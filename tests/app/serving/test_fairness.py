@@ -21,18 +21,16 @@ from tests.hearing import hear, word_error_rate
 
 TEXTS = [
     "The morning train left the station exactly on time. Passengers read their papers in "
-    "comfortable silence. Outside, the wide fields were covered in a thin frost. A conductor "
-    "walked slowly down the narrow aisle. He checked every single ticket with great care.",
+    "comfortable silence. Outside, the wide fields were covered in a thin frost.",
     "Near the window, a small child pointed at the hills. The pale sun rose higher over the "
-    "quiet valley. Someone laughed softly at the back of the carriage. The next stop was still "
-    "more than an hour away. Everyone settled in for the long and gentle ride.",
+    "quiet valley. Someone laughed softly at the back of the carriage.",
     "A gray cat slept on the warm stone wall. Two boys raced their bikes along the river. The "
-    "baker opened his shop before anyone else woke. Fresh bread filled the street with its "
-    "smell. By noon the market square was full of voices.",
+    "baker opened his shop before anyone else woke.",
     "Clouds gathered slowly over the northern hills. The farmer looked up and called his dogs. "
-    "Rain began to fall on the dry brown fields. Children ran inside laughing and shouting. "
-    "Soon the whole valley smelled of wet earth.",
+    "Rain began to fall on the dry brown fields.",
 ]
+"""Three sentences each: three segments a stream (30 characters first, then packed), so four
+streams taking turns overlap for most of their length."""
 
 
 @pytest.fixture
@@ -70,7 +68,7 @@ def test_four_simultaneous_streams_each_hear_audio_before_any_finishes(kokoro: L
         thread.join(300)
     assert sorted(done) == list(range(len(TEXTS)))
     assert max(first.values()) < min(done.values()), (first, done)
-    for k, size in sizes.items():  # and each got its whole text: ~14 s of speech at 24 kHz
+    for k, size in sizes.items():  # and each got its whole text: ~8 s of speech at 24 kHz
         assert size / 2 / 24_000 > len(TEXTS[k]) / 22
 
 

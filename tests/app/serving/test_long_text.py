@@ -4,12 +4,12 @@ segment's wait and synthesis, never a long text that keeps speaking.
 Every route reads the same `SpeechJob`, whose per-segment timeout is the only one on the way
 (streamed HTTP and SSE through `JobResponse`, whole clips through `whole_clip`, both WebSocket
 framings through one session loop). So the cheap engine, eSpeak NG, runs the 4,096-character
-text on every route; Piper runs it once per kind of consumer (streamed HTTP, whole clip,
-WebSocket); Kokoro, which takes a minute for 2,400 characters on this machine, runs once on
-LunaVox's whole-file `/v1/synth` (the case that used to answer 504). Both run under a timeout of a
-few times what their longest segment takes this machine now, below the whole request's length, so
-the test means the same on a fast, a slow or a busy CPU.
-"""
+text on every route; Piper runs 2,400 characters (7 packed segments) once per kind of consumer
+(streamed HTTP, whole clip, WebSocket); Kokoro runs once on LunaVox's whole-file `/v1/synth` (the
+case that used to answer 504), one sentence per segment so that it lasts many timeouts without
+minutes of synthesis. Both run under a timeout of a few times what their longest segment takes
+this machine now, below the whole request's length, so the test means the same on a fast, a slow
+or a busy CPU."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ def long_text(limit: int = 4096) -> str:
 
 
 TEXT = long_text()
+PIPER_TEXT = long_text(2400)
 
 
 def assert_whole(audio: Decoded, text: str = TEXT) -> None:
@@ -52,10 +53,10 @@ def ws_url(server: LiveServer, path: str) -> str:
     return server.url.replace("http://", "ws://", 1) + path
 
 
-def openai_route(server: LiveServer, model: str) -> Decoded:
+def openai_route(server: LiveServer, model: str, text: str = TEXT) -> Decoded:
     with server.client() as http:
         response = http.post("/v1/audio/speech", json={
-            "model": model, "input": TEXT, "voice": "alloy", "response_format": "pcm"})
+            "model": model, "input": text, "voice": "alloy", "response_format": "pcm"})
     assert response.status_code == 200, response.text
     return decode(response.content, "pcm", pcm_rate=int(response.headers["x-sample-rate"]))
 
@@ -94,10 +95,10 @@ def legacy_stream_route(server: LiveServer, model: str) -> Decoded:
     return decode(response.content, "wav")
 
 
-def voxmux_ws_route(server: LiveServer, model: str) -> Decoded:
+def voxmux_ws_route(server: LiveServer, model: str, text: str = TEXT) -> Decoded:
     pcm, rate = b"", 0
     with connect(ws_url(server, "/ws/v1/tts"), max_size=None, open_timeout=30) as ws:
-        ws.send(json.dumps({"model": model, "input": TEXT, "voice": "alloy"}))
+        ws.send(json.dumps({"model": model, "input": text, "voice": "alloy"}))
         while True:
             frame = ws.recv(timeout=600)
             if isinstance(frame, bytes):
@@ -123,7 +124,8 @@ def lunavox_ws_route(server: LiveServer, model: str) -> Decoded:
     return decode(pcm, "pcm", pcm_rate=done["sample_rate"])
 
 
-Route = Callable[[LiveServer, str], Decoded]
+Route = Callable[..., Decoded]
+"""(server, model) or (server, model, text): speaks `text` (default `TEXT`) and decodes it."""
 ROUTES: dict[str, Route] = {
     "openai": openai_route, "sse": sse_route, "synth": synth_route, "legacy": legacy_route,
     "legacy-stream": legacy_stream_route, "voxmux-ws": voxmux_ws_route,
@@ -135,8 +137,8 @@ SHORT_TIMEOUT = 8.0
 
 SEGMENT_MARGIN = 2.5
 """The timeout over one segment's time measured just before: room for the machine to slow down
-2.5x meanwhile; the whole text (Piper: about 10 packed segments, Kokoro: about 5.3) outlasts it
-unless the machine speeds up 2x or more."""
+2.5x meanwhile; the whole text (Piper: 7 packed segments, about 6 of the longest; Kokoro: 9
+sentences) outlasts it unless the machine speeds up 2.4x or more."""
 
 
 def segment_seconds(settings: Settings, model: str, text: str) -> float:
@@ -172,7 +174,7 @@ def short_timeout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServ
 def piper_timeout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, float]]:
     settings = test_settings(tmp_path_factory.mktemp("long-piper"), preload=["piper"],
                              cache_max_items=0)
-    timeout = SEGMENT_MARGIN * segment_seconds(settings, "piper", TEXT)
+    timeout = SEGMENT_MARGIN * segment_seconds(settings, "piper", PIPER_TEXT)
     live = start_server(settings.model_copy(update={"request_timeout": timeout}))
     yield live, timeout
     live.stop()
@@ -188,18 +190,19 @@ def test_a_long_text_outlives_the_timeout(piper_timeout: tuple[LiveServer, float
                                           route: str) -> None:
     server, timeout = piper_timeout
     started = time.monotonic()
-    audio = ROUTES[route](server, "piper")
+    audio = ROUTES[route](server, "piper", PIPER_TEXT)
     elapsed = time.monotonic() - started
-    assert_whole(audio)
+    assert_whole(audio, PIPER_TEXT)
     assert elapsed > timeout, (elapsed, timeout)  # the request itself lasted longer
 
 
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(900)
 def test_kokoro_long_text_on_the_whole_file_route_outlives_the_timeout(tmp_path: Path) -> None:
-    """Minutes of Kokoro synthesis answered whole on LunaVox's `/v1/synth`, where a
-    whole-request timeout used to answer 504."""
-    text = long_text(2400)
-    settings = test_settings(tmp_path, preload=["kokoro"], cache_max_items=0)
+    """Kokoro synthesis lasting several timeouts answered whole on LunaVox's `/v1/synth`, where
+    a whole-request timeout used to answer 504. One sentence per segment (`segment_growth` 1):
+    the same route and job as packed segments, at a ninth of the synthesis time."""
+    text = long_text(640)
+    settings = test_settings(tmp_path, preload=["kokoro"], cache_max_items=0, segment_growth=1.0)
     timeout = SEGMENT_MARGIN * segment_seconds(settings, "kokoro", text)
     live = start_server(settings.model_copy(update={"request_timeout": timeout}))
     try:
