@@ -1,4 +1,4 @@
-"""Sample-level helpers for joining synthesized segments: tempo, silence, fades, limiting.
+"""Sample-level helpers for joining synthesized segments: tempo, rate, silence, fades, limiting.
 
 Every function takes mono samples, returns float32 and never mutates its input; where nothing
 needs to change the input itself may be returned (as float32).
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
+import soxr
 
 Samples = npt.NDArray[np.float32]
 
@@ -22,6 +23,14 @@ _TOLERANCE_MS = 8.0
 
 def _mono(samples: npt.ArrayLike) -> Samples:
     return np.asarray(samples, dtype=np.float32).reshape(-1)
+
+
+def resample(samples: npt.ArrayLike, from_rate: int, to_rate: int) -> Samples:
+    """One whole clip from `from_rate` to `to_rate` (soxr, high quality)."""
+    audio = _mono(samples)
+    if from_rate == to_rate or not len(audio):
+        return audio
+    return np.asarray(soxr.resample(audio, from_rate, to_rate, quality="HQ"), dtype=np.float32)
 
 
 def time_stretch(samples: npt.ArrayLike, factor: float, sample_rate: int) -> Samples:

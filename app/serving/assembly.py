@@ -55,8 +55,13 @@ class Assembly:
         self._tail = 0
         """Silent samples at the end of the last piece (a break counts them in)."""
 
-    def join(self, index: int, text: str, rendered: Rendered) -> Joined:
+    def join(self, index: int, text: str, rendered: Rendered, sample_rate: int | None = None
+             ) -> Joined:
+        """`rendered` at `sample_rate` (another engine's, for a segment an SSML `voice` gives
+        it) joined at the plan's own rate."""
         chunks, words = list(rendered.chunks), rendered.words
+        if sample_rate is not None and sample_rate != self._rate and chunks:
+            chunks = [dsp.resample(np.concatenate(chunks), sample_rate, self._rate)]
         rate = self._plan.rates.get(index, 1.0)
         if rate != 1.0 and chunks:  # SSML prosody rate: this segment at its own tempo
             whole = np.concatenate(chunks)

@@ -8,8 +8,11 @@ reload that changed the voice while the job ran means its audio belongs to neith
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from app.serving.assembly import Joined
 from app.serving.cache import AudioCache, CachedAudio
+from app.serving.plan import Speaker
 from app.serving.record import RenderRecord
 from engines.base import Engine
 
@@ -37,9 +40,12 @@ class CacheStep:
         else:
             self._kept = None  # too big to cache: no second copy held
 
-    async def store(self, engine: Engine, sample_rate: int) -> bool:
+    async def store(self, engine: Engine, sample_rate: int,
+                    speakers: Mapping[int, Speaker] | None = None) -> bool:
+        """Store what was kept, unless the engines (`engine`, those of SSML's `speakers`) no
+        longer render it as they did when the record was made."""
         kept = self._kept
-        if kept is None or not self.record.current(engine):
+        if kept is None or not self.record.current(engine, speakers):
             return False
         timed = ([j.words for j in kept], [j.text for j in kept]) if self._timed else None
         entry = CachedAudio.build(self.record.model, sample_rate, [j.chunks for j in kept], timed)

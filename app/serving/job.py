@@ -33,7 +33,7 @@ from app.serving.cache import AudioCache
 from app.serving.caching import CacheStep
 from app.serving.events import JobEvent
 from app.serving.meter import Meter
-from app.serving.plan import SpeechPlan
+from app.serving.plan import Speaker, SpeechPlan
 from app.serving.record import RenderRecord
 from app.serving.render import Progress, Rendered, Renderer, RenderSession, RenderWork
 from app.serving.tracking import CacheUse, Outcome, RequestRecord, RequestStats, RequestStatus
@@ -278,16 +278,20 @@ class SpeechJob:
                 for joined in assembly.replay(cached):
                     self._emit(assembly, joined)
                 return
-        async with self._context.renderer.session(self._work()) as session:
-            index = plan.start
-            while (text := await self._next_segment(index, session)) is not None:
-                joined = assembly.join(index, text, await self._render(session, text))
-                if cache is not None:
-                    cache.keep(joined)
-                self._emit(assembly, joined)
-                index += 1
+        index = plan.start
+        for speaker, end in plan.runs():  # one run unless SSML switches voice or language
+            work = self._work(speaker, index, end)
+            async with self._context.renderer.session(work) as session:
+                while index != end and (
+                        text := await self._next_segment(index, session)) is not None:
+                    rendered = await self._render(session, text)
+                    joined = assembly.join(index, text, rendered, speaker.engine.sample_rate)
+                    if cache is not None:
+                        cache.keep(joined)
+                    self._emit(assembly, joined)
+                    index += 1
         if cache is not None:
-            await cache.store(plan.engine, plan.sample_rate)
+            await cache.store(plan.engine, plan.sample_rate, plan.speakers)
 
     async def _next_segment(self, index: int, session: RenderSession) -> str | None:
         """The next text to render, once the reader has room for it. Whatever the job waits
@@ -309,12 +313,15 @@ class SpeechJob:
         finally:
             self.meter.engine_time(time.perf_counter() - started)
 
-    def _work(self) -> RenderWork:
+    def _work(self, speaker: Speaker, start: int, end: int | None) -> RenderWork:
+        """The work of one run: segments `start` to `end` (a feed's: all that come)."""
         plan = self.plan
         return RenderWork(
-            ticket=self.ticket, model_id=plan.model_id, voice=plan.voice,
-            native_speed=plan.native_speed, stretch=plan.stretch, language=plan.language,
-            segments=None if plan.streamed else tuple(plan.segments), cancel=self._cancel,
+            ticket=self.ticket, model_id=speaker.handle.id, voice=speaker.voice,
+            native_speed=speaker.native_speed, stretch=speaker.stretch,
+            language=speaker.language,
+            segments=None if plan.streamed else tuple(plan.segments[start:end]),
+            cancel=self._cancel,
             timings=plan.timestamps, client=plan.client, progress=self._progress,
             abandon=self._report, rendered=self.meter.sample_memory,
             background=plan.background,

@@ -11,6 +11,22 @@ from engines.base import Engine
 from engines.registry import ModelHandle
 
 
+@dataclass(frozen=True)
+class Speaker:
+    """Who reads a run of segments: a model and its voice, the tempo split for its engine, the
+    language. A plan's own speaker reads every segment that SSML gives no other."""
+
+    handle: ModelHandle[Lane]
+    voice: str
+    native_speed: float
+    stretch: float
+    language: str | None
+
+    @property
+    def engine(self) -> Engine:
+        return self.handle.engine
+
+
 @dataclass
 class SpeechPlan:
     """Everything that can fail before a byte is sent has been checked."""
@@ -50,6 +66,28 @@ class SpeechPlan:
     """Segment index -> tempo that segment is read at (SSML `prosody rate`)."""
     report: bool = False
     """Whether the client asked for the normalization report."""
+    speakers: dict[int, Speaker] = field(default_factory=dict)
+    """Segment index -> another model, voice or language than the plan's own (SSML `voice`,
+    `lang`); its audio is brought to the plan's sample rate when joined."""
+
+    @property
+    def speaker(self) -> Speaker:
+        """The plan's own model, voice, tempo and language."""
+        return Speaker(self.handle, self.voice, self.native_speed, self.stretch, self.language)
+
+    def runs(self) -> list[tuple[Speaker, int | None]]:
+        """From `start`: each run of segments one speaker reads and the index its run ends
+        before (None: until the text ends, a text-in feed's one run)."""
+        if self.streamed or not self.speakers:
+            return [(self.speaker, None)]
+        runs: list[tuple[Speaker, int | None]] = []
+        for index in range(self.start, len(self.segments)):
+            speaker = self.speakers.get(index, self.speaker)
+            if runs and runs[-1][0] == speaker:
+                runs[-1] = (speaker, index + 1)
+            else:
+                runs.append((speaker, index + 1))
+        return runs
 
     @property
     def source(self) -> str:

@@ -3,7 +3,8 @@
 Two requests with the same record get the same samples, so the record is what the audio cache
 is keyed by, in this process and in a shared tier that outlives it: the model and its engine,
 the voice as resolved, the tempo (the engine's part and the stretch), the language, each
-segment's text (whitespace aside), and a fingerprint of what the audio is made from: the
+segment's text (whitespace aside), who reads the segments SSML gives another voice or language
+(each with its engine's fingerprint), and a fingerprint of what the audio is made from: the
 engine's fingerprint of the voice (weights, voice data, phonemizer versions: a replaced voice
 file is another record), the settings that shape the joined audio (the pause between sentences)
 and the code's audio revision. A job keeps the record it planned with and stores its result only
@@ -15,11 +16,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from app.audio.dsp import AUDIO_REVISION
 from engines.base import Engine, Fingerprinted
 from engines.signature import package_versions
+
+if TYPE_CHECKING:
+    from app.serving.plan import Speaker
+
+SpeakerRecord = tuple[int, str, str, float, float, str | None, str]
+"""(segment index, model, voice, engine's tempo, stretch, language, engine's fingerprint)."""
 
 
 def engine_fingerprint(engine: Engine, voice: str) -> str:
@@ -45,17 +54,19 @@ class RenderRecord:
     """The engine's fingerprint of the voice (`engines.signature`)."""
     pause_ms: int
     code: str
+    """VoxMux's version and audio revision."""
     pauses: tuple[tuple[int, float], ...] = ()
     """SSML breaks: (segment index, seconds of silence after it)."""
     rates: tuple[tuple[int, float], ...] = ()
     """SSML prosody rates: (segment index, tempo)."""
-    """VoxMux's version and audio revision."""
+    speakers: tuple[SpeakerRecord, ...] = ()
+    """Segments SSML gives another model, voice or language, and who reads them."""
 
     @classmethod
     def of(cls, *, model: str, engine: Engine, voice: str, native_speed: float, stretch: float,
            language: str | None, segments: list[str] | tuple[str, ...], pause_ms: int,
-           pauses: dict[int, float] | None = None, rates: dict[int, float] | None = None
-           ) -> RenderRecord:
+           pauses: dict[int, float] | None = None, rates: dict[int, float] | None = None,
+           speakers: Mapping[int, Speaker] | None = None) -> RenderRecord:
         return cls(
             model=model, engine=engine.name, voice=voice,
             native_speed=float(native_speed), stretch=float(stretch), language=language,
@@ -64,6 +75,7 @@ class RenderRecord:
             code=f"{package_versions('voxmux')}/audio{AUDIO_REVISION}",
             pauses=tuple(sorted((pauses or {}).items())),
             rates=tuple(sorted((rates or {}).items())),
+            speakers=_speakers(speakers),
         )
 
     def key(self) -> str:
@@ -73,6 +85,15 @@ class RenderRecord:
                           separators=(",", ":"))
         return f"{self.model}:{hashlib.sha256(blob.encode()).hexdigest()}"
 
-    def current(self, engine: Engine) -> bool:
-        """Whether `engine` still renders this record's voice as it did when it was made."""
-        return engine_fingerprint(engine, self.voice) == self.fingerprint
+    def current(self, engine: Engine, speakers: Mapping[int, Speaker] | None = None) -> bool:
+        """Whether `engine` still renders this record's voice as it did when it was made (and
+        the engines of `speakers` theirs)."""
+        return (engine_fingerprint(engine, self.voice) == self.fingerprint
+                and _speakers(speakers) == self.speakers)
+
+
+def _speakers(speakers: Mapping[int, Speaker] | None) -> tuple[SpeakerRecord, ...]:
+    return tuple(
+        (index, s.handle.id, s.voice, float(s.native_speed), float(s.stretch), s.language,
+         engine_fingerprint(s.engine, s.voice))
+        for index, s in sorted((speakers or {}).items()))

@@ -12,6 +12,7 @@ its `fleet` (the engine replicas' reports); `model_views()` reads either.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections import defaultdict
@@ -30,7 +31,7 @@ from app.serving.job import JobContext, SpeechJob
 from app.serving.lexicons import LexiconStore
 from app.serving.memory import process_memory
 from app.serving.metrics import Metrics, registry_voice_ids
-from app.serving.plan import SpeechPlan
+from app.serving.plan import Speaker, SpeechPlan
 from app.serving.record import RenderRecord
 from app.serving.render import LocalRenderer, Renderer
 from app.serving.scheduler import Lane
@@ -40,7 +41,13 @@ from app.text.feed import TextFeed
 from app.text.prepared import cut, prepare
 from app.text.split import first_sentence, segment_offsets, split_text
 from app.text.ssml import detect
-from engines.base import InvalidParameter, SynthesisRequest, TimedEngine, VoiceNotFound
+from engines.base import (
+    InvalidParameter,
+    ModelNotFound,
+    SynthesisRequest,
+    TimedEngine,
+    VoiceNotFound,
+)
 from engines.frontend.ipa import unsayable
 from engines.registry import EngineRegistry, ModelHandle, ModelStatus, SwitchResult
 
@@ -186,6 +193,7 @@ class SpeechService:
             plan.text, plan.prepared = prepared.text, prepared
             plan.segments, plan.offsets = pieces.segments, pieces.offsets
             plan.pauses, plan.rates = pieces.pauses, pieces.rates
+            plan.speakers = self._speakers(plan, pieces.voices, pieces.languages)
             plan.warnings += prepared.compiled.warnings
             phoneme_set = getattr(plan.engine, "phoneme_set", None)
             if phoneme_set is not None:
@@ -195,6 +203,62 @@ class SpeechService:
             plan.offsets = segment_offsets(text, plan.segments)
         self._validate_voice(plan, plan.segments[0])
         return plan
+
+    def _speakers(self, plan: SpeechPlan, voices: dict[int, str], languages: dict[int, str]
+                  ) -> dict[int, Speaker]:
+        """Who reads each segment SSML gives another voice or language, checked now: a voice
+        no model has is a 400; a language the engine cannot read is a warning (the segment is
+        read in its voice's own language)."""
+        speakers: dict[int, Speaker] = {}
+        named = {name: self._ssml_voice(plan, name) for name in set(voices.values())}
+        for index in sorted({*voices, *languages}):
+            handle, voice = named[voices[index]] if index in voices else (plan.handle,
+                                                                          plan.voice)
+            if plan.timestamps and not isinstance(handle.engine, TimedEngine):
+                raise InvalidParameter(
+                    f"The {handle.id} engine (an SSML <voice>) reports no word timings; ask "
+                    "without timestamps", param="timestamps", code="timestamps_unsupported")
+            native, stretch = split_speed(plan.speed, handle.engine.capabilities.speed_range)
+            speaker = Speaker(handle, voice, native, stretch, languages.get(index, plan.language))
+            if speaker.language != plan.language and not self._speaks(plan, speaker):
+                plan.warnings.append(
+                    f"<lang xml:lang=\"{speaker.language}\"> is not read by the {handle.id} "
+                    f"engine with voice {voice}; read in the voice's own language")
+                speaker = Speaker(handle, voice, native, stretch, plan.language)
+            if speaker != plan.speaker:
+                speakers[index] = speaker
+        return speakers
+
+    def _ssml_voice(self, plan: SpeechPlan, name: str) -> tuple[ModelHandle[Lane], str]:
+        """The model and voice `<voice name>` means: a voice of the request's model, a model
+        (its default voice), `model:voice`, or a voice id only one other model has."""
+        voice = self.resolve_voice(plan.handle, name)
+        if self._speaks(plan, Speaker(plan.handle, voice, 1.0, 1.0, None)):
+            return plan.handle, voice
+        model, colon, voice = name.partition(":")
+        with contextlib.suppress(ModelNotFound):
+            handle = self.registry.resolve(model)
+            voice = self.resolve_voice(handle, voice if colon else None)
+            if self._speaks(plan, Speaker(handle, voice, 1.0, 1.0, None)):
+                return handle, voice
+        for handle in self.registry.handles():
+            if handle is not plan.handle and any(v.id == name for v in handle.engine.voices()):
+                return handle, name
+        raise VoiceNotFound(
+            f"SSML <voice name=\"{name}\">: no model has that voice; name a voice of "
+            f"{plan.model_id}, a model, or model:voice (GET /v1/audio/voices lists them)",
+            param="input")
+
+    @staticmethod
+    def _speaks(plan: SpeechPlan, speaker: Speaker) -> bool:
+        """Whether the speaker's engine takes its voice and language."""
+        try:
+            speaker.engine.validate(SynthesisRequest(
+                text="Hello.", voice=speaker.voice, speed=speaker.native_speed,
+                language=speaker.language, timings=plan.timestamps))
+        except (VoiceNotFound, InvalidParameter):
+            return False
+        return True
 
     def cut(self, plan: SpeechPlan, text: str, *, whole: bool = True,
             most: int | None = None) -> list[str]:
@@ -349,7 +413,7 @@ class SpeechService:
             model=plan.model_id, engine=plan.engine, voice=plan.voice,
             native_speed=plan.native_speed, stretch=plan.stretch, language=plan.language,
             segments=plan.segments, pause_ms=self.settings.sentence_pause_ms,
-            pauses=plan.pauses, rates=plan.rates,
+            pauses=plan.pauses, rates=plan.rates, speakers=plan.speakers,
         )
 
     def cancel(self, request_id: str) -> int:

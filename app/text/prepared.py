@@ -1,5 +1,6 @@
 """A request's text as the engines will read it: SSML compiled, lexicon entries applied, cut into
-segments at breaks and tempo changes, every character still pointing into what the client sent.
+segments at breaks and changes of tempo, voice or language, every character still pointing into
+what the client sent.
 """
 
 from __future__ import annotations
@@ -64,14 +65,25 @@ class Cut:
     """Segment index -> seconds of silence after it (a break)."""
     rates: dict[int, float] = field(default_factory=dict)
     """Segment index -> tempo it is read at (a prosody rate)."""
+    voices: dict[int, str] = field(default_factory=dict)
+    """Segment index -> the voice `<voice name>` asked for, as written."""
+    languages: dict[int, str] = field(default_factory=dict)
+    """Segment index -> the language `<lang xml:lang>` marks it as."""
+
+
+def _innermost(spans: list[tuple[int, int, str]], start: int, end: int) -> str | None:
+    """The value of the narrowest span holding `[start, end)` (nested elements: the inner wins)."""
+    holding = [(e - s, value) for s, e, value in spans if s <= start and end <= e]
+    return min(holding)[1] if holding else None
 
 
 def cut(prepared: Prepared, split: Callable[[str], list[str]]) -> Cut:
-    """Segments of `prepared.text`, cut first at every break and tempo change, then by `split`."""
+    """Segments of `prepared.text`, cut first at every break and change of tempo, voice or
+    language, then by `split`."""
     compiled = prepared.compiled
     text = compiled.text
     bounds = {0, len(text), *compiled.breaks}
-    for start, end, _ in compiled.rates:
+    for start, end, _ in [*compiled.rates, *compiled.voices, *compiled.languages]:
         bounds |= {start, end}
     points = sorted(b for b in bounds if 0 <= b <= len(text))
     result = Cut()
@@ -84,9 +96,16 @@ def cut(prepared: Prepared, split: Callable[[str], list[str]]) -> Cut:
             continue
         segments = split(piece)
         rate = next((r for s, e, r in compiled.rates if s <= a and b <= e), 1.0)
+        voice = _innermost(compiled.voices, a, b)
+        language = _innermost(compiled.languages, a, b)
         for segment, offset in zip(segments, segment_offsets(piece, segments), strict=True):
+            index = len(result.segments)
             if rate != 1.0:
-                result.rates[len(result.segments)] = rate
+                result.rates[index] = rate
+            if voice is not None:
+                result.voices[index] = voice
+            if language is not None:
+                result.languages[index] = language
             result.segments.append(segment)
             result.offsets.append(a + offset)
     if len(text) in compiled.breaks and result.segments:

@@ -4,8 +4,9 @@ A `<speak>` document becomes `Compiled`: the text the engines read (a `phoneme` 
 `[word](/ipa/)` reading, a `say-as` or `sub` as the words they stand for), each character with
 the span of the SSML it was made from (so timings point into what the client sent), the breaks
 (silences that replace the natural pause where they stand), the tempo of each stretch of text
-(`prosody rate`), what each read span was read as (the normalization report) and warnings for
-what is accepted but not rendered. The parser is expat with no DTD allowed: no entity can be
+(`prosody rate`), the stretches read by another voice or in another language (`voice`, `lang`),
+what each read span was read as (the normalization report) and warnings for what is accepted but
+not rendered. The parser is expat with no DTD allowed: no entity can be
 declared, so none expands (no "billion laughs", no external files).
 """
 
@@ -31,7 +32,8 @@ SAY_AS = ("characters", "spell-out", "cardinal", "number", "ordinal", "digits", 
           "date", "time", "currency")
 MAX_BREAK_S = 10.0
 
-_SPOKEN = {"speak", "p", "s", "sub", "say-as", "phoneme", "break", "prosody", "emphasis", "audio"}
+_SPOKEN = {"speak", "p", "s", "sub", "say-as", "phoneme", "break", "prosody", "emphasis", "audio",
+           "voice", "lang"}
 
 
 class SSMLError(InvalidParameter):
@@ -73,6 +75,10 @@ class Compiled:
     """Offset in `spoken.text` -> seconds of silence there."""
     rates: list[tuple[int, int, float]] = field(default_factory=list)
     """(start, end, tempo) stretches of `spoken.text` read at another tempo."""
+    voices: list[tuple[int, int, str]] = field(default_factory=list)
+    """(start, end, name) stretches read by the voice `<voice name>` named (resolved later)."""
+    languages: list[tuple[int, int, str]] = field(default_factory=list)
+    """(start, end, language) stretches `<lang xml:lang>` marks as another language."""
     readings: list[Reading] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -229,8 +235,10 @@ class _Compiler:
         elif tag in ("emphasis", "audio", "mark"):
             self._warn(f"<{tag}> is accepted but not rendered" + (
                 "; its text is read" if tag != "mark" else ""))
-        elif tag in ("voice", "lang"):
-            self._warn(f"<{tag}> is accepted but not rendered: the request's voice reads it")
+        elif tag == "voice" and not attrs.get("name", "").strip():
+            self._warn("<voice> without a name is not rendered: the request's voice reads it")
+        elif tag == "lang" and not attrs.get("xml:lang", "").strip():
+            raise self._error("<lang> needs an xml:lang attribute")
         elif tag not in _SPOKEN:
             self._warn(f"<{tag}> is not part of VoxMux's SSML; its text is read")
         self.stack.append((tag, attrs, content, len(self.out.spoken)))
@@ -282,6 +290,11 @@ class _Compiler:
             rate = _rate(attrs["rate"])
             if rate is not None and rate != 1.0:
                 self.out.rates.append((output_start, len(self.out.spoken), rate))
+        elif tag == "voice" and attrs.get("name", "").strip():
+            self.out.voices.append((output_start, len(self.out.spoken), attrs["name"].strip()))
+        elif tag == "lang":
+            self.out.languages.append((output_start, len(self.out.spoken),
+                                       attrs["xml:lang"].strip().lower()))
 
     def _close_sentence(self, at: int) -> None:
         text = self.out.spoken.text.rstrip()

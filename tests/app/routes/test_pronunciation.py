@@ -179,6 +179,87 @@ def test_unsupported_markup_is_read_with_a_warning(live: LiveServer) -> None:
     assert audio.duration > 0.5  # type: ignore[attr-defined]
 
 
+def _match(signal: np.ndarray, clip: np.ndarray) -> tuple[float, int]:
+    """The best normalized cross-correlation of `clip` inside `signal`, and where it is."""
+    n = len(signal) + len(clip)
+    size = 1 << (n - 1).bit_length()
+    dots = np.fft.irfft(np.fft.rfft(signal, size) * np.conj(np.fft.rfft(clip, size)), size)
+    dots = dots[:len(signal) - len(clip) + 1]
+    energy = np.concatenate([[0.0], np.cumsum(np.square(signal, dtype=np.float64))])
+    windows = np.sqrt(np.maximum(energy[len(clip):] - energy[:-len(clip)], 1e-12))
+    scores = dots / (windows * np.linalg.norm(clip))
+    best = int(np.argmax(scores))
+    return float(scores[best]), best
+
+
+def test_ssml_voice_switching_joins_two_models_at_the_requests_rate(live: LiveServer) -> None:
+    """hibari (24 kHz) reads the request, eSpeak NG (22,050 Hz) the middle sentence: that part
+    is eSpeak NG's own audio of it, brought to 24 kHz (a wrong rate would stretch it 9 % and
+    the match would fail), and the words' times and spans run on across both."""
+    import soxr
+
+    middle = "The weather is cold today."
+    ssml = (f'<speak>Good morning, my friend. <voice name="espeak:en-us">{middle}</voice> '
+            'Good night.</speak>')
+    audio, response = _speak(live, "hibari", ssml)
+    samples, rate = audio.samples, audio.sample_rate  # type: ignore[attr-defined]
+    assert rate == 24000 and "X-VoxMux-Warnings" not in response.headers  # type: ignore
+    heard = normalize(hear(samples, rate).text)
+    assert {"morning", "weather", "cold", "night"} <= set(heard), heard
+    alone, _ = _speak(live, "espeak", middle, voice="en-us")
+    espeak = soxr.resample(alone.samples, alone.sample_rate, rate)  # type: ignore[attr-defined]
+    score, at = _match(samples, espeak)
+    assert score > 0.95, score
+    hibari_alone, _ = _speak(live, "hibari", middle)
+    assert _match(samples, hibari_alone.samples)[0] < 0.6  # type: ignore[attr-defined]
+
+    with live.client() as client:
+        timed = client.post("/v1/audio/speech", json={
+            "model": "hibari", "input": ssml, "stream_format": "sse", "timestamps": "word"})
+    assert timed.status_code == 200, timed.text
+    words = [w for line in timed.text.splitlines() if line.startswith("data: ")
+             for w in json.loads(line[6:]).get("words", [])]
+    assert [ssml[w["char_start"]:w["char_end"]] for w in words] == [w["word"] for w in words]
+    assert [w["word"] for w in words] == ["Good", "morning", "my", "friend", "The", "weather",
+                                         "is", "cold", "today", "Good", "night"]
+    starts = [w["start"] for w in words]
+    assert starts == sorted(starts)
+    assert abs(words[4]["start"] - at / rate) < 0.15  # "The" where eSpeak NG's audio starts
+
+
+def test_ssml_voice_names_a_voice_a_model_or_model_voice(live: LiveServer) -> None:
+    """`<voice name>` resolves like the request's voice first, then as a model, then
+    model:voice; an unknown one is a 400 naming it; the cache tells the voices apart."""
+    text = '<speak>Hello there. <voice name="{}">How are you?</voice></speak>'
+    for name in ("piper", "jf_alpha", "espeak:en-us", "espeak:en-gb"):
+        _, response = _speak(live, "hibari", text.format(name))
+        assert "X-VoxMux-Warnings" not in response.headers, name  # type: ignore[attr-defined]
+        assert response.headers["X-VoxMux-Cache"] == "miss", name  # type: ignore[attr-defined]
+    _, again = _speak(live, "hibari", text.format("espeak:en-gb"))
+    assert again.headers["X-VoxMux-Cache"] == "hit"  # type: ignore[attr-defined]
+    with live.client() as client:
+        response = client.post("/v1/audio/speech", json={
+            "model": "hibari", "input": text.format("nobody")})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "voice_not_found" and error["param"] == "input"
+    assert "nobody" in error["message"]
+
+
+def test_ssml_lang_reads_a_stretch_in_another_language(live: LiveServer) -> None:
+    french = "Bonjour, mon ami."
+    ssml = f'<speak>Hello. <lang xml:lang="fr-FR">{french}</lang></speak>'
+    audio, response = _speak(live, "espeak", ssml, voice="en-us")
+    assert "X-VoxMux-Warnings" not in response.headers  # type: ignore[attr-defined]
+    samples = audio.samples  # type: ignore[attr-defined]
+    as_french, _ = _speak(live, "espeak", french, voice="en-us", language="fr-fr")
+    as_english, _ = _speak(live, "espeak", french, voice="en-us")
+    assert _match(samples, as_french.samples)[0] > 0.95  # type: ignore[attr-defined]
+    assert _match(samples, as_english.samples)[0] < 0.6  # type: ignore[attr-defined]
+    _, response = _speak(live, "hibari", ssml)  # English only: read anyway, and said so
+    assert "not read by the hibari engine" in response.headers["X-VoxMux-Warnings"]  # type: ignore
+
+
 def _heard(live: LiveServer, text: str, **extra: object) -> tuple[str, object]:
     audio, response = _speak(live, "piper", text, **extra)
     heard = " ".join(normalize(hear(audio.samples, audio.sample_rate).text))  # type: ignore

@@ -61,6 +61,7 @@ def test_say_as_reads_as_asked(kind: str, written: str, fmt: str, spoken: str) -
     ("<speak>Hi <break time='soon'/></speak>", "line 1, column 11"),
     ("<speak><say-as interpret-as='poem'>x</say-as></speak>", "line 1, column 8"),
     ("<voice>Hi</voice>", "line 1, column 1"),
+    ("<speak>Hi <lang>there</lang></speak>", "line 1, column 11"),
     ('<!DOCTYPE s [<!ENTITY a "aaaa">]><speak>&a;</speak>', "line 1, column"),
 ])
 def test_bad_ssml_names_its_line_and_column(doc: str, where: str) -> None:
@@ -79,3 +80,24 @@ def test_segments_are_cut_at_breaks_and_tempo_changes() -> None:
     assert pieces.rates == {2: 2.0}
     for segment, offset in zip(pieces.segments, pieces.offsets, strict=True):
         assert prepared.text[offset:offset + len(segment)] == segment
+
+
+def test_segments_are_cut_where_the_voice_or_the_language_changes() -> None:
+    prepared = prepare('<speak>One two. <voice name="piper">Three <lang xml:lang="fr-FR">'
+                       'quatre</lang> five.</voice> Six <lang xml:lang="de">sieben</lang>.'
+                       '</speak>')
+    assert prepared.compiled.warnings == []
+    pieces = cut(prepared, lambda piece: [piece.strip()] if piece.strip() else [])
+    assert pieces.segments == ["One two.", "Three", "quatre", "five.", "Six", "sieben"]
+    assert pieces.voices == {1: "piper", 2: "piper", 3: "piper"}
+    assert pieces.languages == {2: "fr-fr", 5: "de"}  # the inner element wins
+    for segment, offset in zip(pieces.segments, pieces.offsets, strict=True):
+        assert prepared.text[offset:offset + len(segment)] == segment
+
+
+def test_a_voice_without_a_name_is_read_by_the_requests_voice_with_a_warning() -> None:
+    prepared = prepare('<speak>One. <voice gender="female">Two.</voice></speak>')
+    pieces = cut(prepared, lambda piece: [piece.strip()] if piece.strip() else [])
+    assert pieces.voices == {}
+    assert prepared.compiled.warnings == [
+        "<voice> without a name is not rendered: the request's voice reads it"]
