@@ -1,4 +1,5 @@
-"""Sample-level helpers for joining synthesized segments: tempo, rate, silence, fades, limiting.
+"""Sample-level helpers for joining synthesized segments: tempo, pitch, rate, silence, fades,
+limiting.
 
 Every function takes mono samples, returns float32 and never mutates its input; where nothing
 needs to change the input itself may be returned (as float32).
@@ -31,6 +32,18 @@ def resample(samples: npt.ArrayLike, from_rate: int, to_rate: int) -> Samples:
     if from_rate == to_rate or not len(audio):
         return audio
     return np.asarray(soxr.resample(audio, from_rate, to_rate, quality="HQ"), dtype=np.float32)
+
+
+def pitch_shift(samples: npt.ArrayLike, factor: float, sample_rate: int) -> Samples:
+    """Raise (`factor` > 1) or lower the pitch, keeping the duration: the clip is made `factor`
+    times longer at its own pitch (`time_stretch`), then read `factor` times faster (soxr), which
+    scales the pitch by `factor` and brings the length back."""
+    audio = _mono(samples)
+    if abs(factor - 1.0) < 1e-3 or not len(audio):
+        return audio
+    longer = time_stretch(audio, 1.0 / factor, sample_rate)
+    return np.asarray(soxr.resample(longer, sample_rate * factor, sample_rate, quality="HQ"),
+                      dtype=np.float32)
 
 
 def time_stretch(samples: npt.ArrayLike, factor: float, sample_rate: int) -> Samples:

@@ -69,6 +69,13 @@ class Assembly:
             scale = len(stretched) / len(whole) if len(whole) else 1.0
             chunks = [stretched]
             words = tuple(w.moved(scale=scale) for w in words)
+        pitch = self._plan.pitches.get(index, 1.0)
+        if pitch != 1.0 and chunks:  # SSML prosody pitch: the same length, another pitch
+            whole = np.concatenate(chunks)
+            shifted = dsp.pitch_shift(whole, pitch, self._rate)
+            scale = len(shifted) / len(whole) if len(whole) else 1.0
+            chunks = [shifted]
+            words = tuple(w.moved(scale=scale) for w in words)
         if self._previous is not None and chunks:
             pause = self.pause_after(self._previous, self._previous_index)
             if self._previous_index in self._plan.pauses:  # a break: the silence heard

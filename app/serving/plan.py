@@ -64,6 +64,8 @@ class SpeechPlan:
     """Segment index -> seconds of silence after it (an SSML break, replacing the pause)."""
     rates: dict[int, float] = field(default_factory=dict)
     """Segment index -> tempo that segment is read at (SSML `prosody rate`)."""
+    pitches: dict[int, float] = field(default_factory=dict)
+    """Segment index -> pitch factor that segment is read at (SSML `prosody pitch`)."""
     report: bool = False
     """Whether the client asked for the normalization report."""
     speakers: dict[int, Speaker] = field(default_factory=dict)

@@ -59,6 +59,8 @@ class RenderRecord:
     """SSML breaks: (segment index, seconds of silence after it)."""
     rates: tuple[tuple[int, float], ...] = ()
     """SSML prosody rates: (segment index, tempo)."""
+    pitches: tuple[tuple[int, float], ...] = ()
+    """SSML prosody pitches: (segment index, factor)."""
     speakers: tuple[SpeakerRecord, ...] = ()
     """Segments SSML gives another model, voice or language, and who reads them."""
 
@@ -66,6 +68,7 @@ class RenderRecord:
     def of(cls, *, model: str, engine: Engine, voice: str, native_speed: float, stretch: float,
            language: str | None, segments: list[str] | tuple[str, ...], pause_ms: int,
            pauses: dict[int, float] | None = None, rates: dict[int, float] | None = None,
+           pitches: dict[int, float] | None = None,
            speakers: Mapping[int, Speaker] | None = None) -> RenderRecord:
         return cls(
             model=model, engine=engine.name, voice=voice,
@@ -75,6 +78,7 @@ class RenderRecord:
             code=f"{package_versions('voxmux')}/audio{AUDIO_REVISION}",
             pauses=tuple(sorted((pauses or {}).items())),
             rates=tuple(sorted((rates or {}).items())),
+            pitches=tuple(sorted((pitches or {}).items())),
             speakers=_speakers(speakers),
         )
 

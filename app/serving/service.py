@@ -193,6 +193,7 @@ class SpeechService:
             plan.text, plan.prepared = prepared.text, prepared
             plan.segments, plan.offsets = pieces.segments, pieces.offsets
             plan.pauses, plan.rates = pieces.pauses, pieces.rates
+            plan.pitches = pieces.pitches
             plan.speakers = self._speakers(plan, pieces.voices, pieces.languages)
             plan.warnings += prepared.compiled.warnings
             phoneme_set = getattr(plan.engine, "phoneme_set", None)
@@ -413,7 +414,8 @@ class SpeechService:
             model=plan.model_id, engine=plan.engine, voice=plan.voice,
             native_speed=plan.native_speed, stretch=plan.stretch, language=plan.language,
             segments=plan.segments, pause_ms=self.settings.sentence_pause_ms,
-            pauses=plan.pauses, rates=plan.rates, speakers=plan.speakers,
+            pauses=plan.pauses, rates=plan.rates, pitches=plan.pitches,
+            speakers=plan.speakers,
         )
 
     def cancel(self, request_id: str) -> int:

@@ -1,6 +1,6 @@
 """A request's text as the engines will read it: SSML compiled, lexicon entries applied, cut into
-segments at breaks and changes of tempo, voice or language, every character still pointing into
-what the client sent.
+segments at breaks and changes of tempo, pitch, voice or language, every character still
+pointing into what the client sent.
 """
 
 from __future__ import annotations
@@ -9,11 +9,14 @@ import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from app.text.lexicon import Lexicon
 from app.text.split import segment_offsets
 from app.text.ssml import Compiled, Reading, compile_ssml, detect
 from engines.frontend.spans import Spanned
+
+T = TypeVar("T")
 
 _TAG = re.compile(r"<[^>]*>")
 
@@ -65,25 +68,28 @@ class Cut:
     """Segment index -> seconds of silence after it (a break)."""
     rates: dict[int, float] = field(default_factory=dict)
     """Segment index -> tempo it is read at (a prosody rate)."""
+    pitches: dict[int, float] = field(default_factory=dict)
+    """Segment index -> pitch factor it is read at (a prosody pitch)."""
     voices: dict[int, str] = field(default_factory=dict)
     """Segment index -> the voice `<voice name>` asked for, as written."""
     languages: dict[int, str] = field(default_factory=dict)
     """Segment index -> the language `<lang xml:lang>` marks it as."""
 
 
-def _innermost(spans: list[tuple[int, int, str]], start: int, end: int) -> str | None:
+def _innermost(spans: list[tuple[int, int, T]], start: int, end: int) -> T | None:
     """The value of the narrowest span holding `[start, end)` (nested elements: the inner wins)."""
-    holding = [(e - s, value) for s, e, value in spans if s <= start and end <= e]
-    return min(holding)[1] if holding else None
+    holding = [(e - s, k) for k, (s, e, _) in enumerate(spans) if s <= start and end <= e]
+    return spans[min(holding)[1]][2] if holding else None  # an inner element closes first
 
 
 def cut(prepared: Prepared, split: Callable[[str], list[str]]) -> Cut:
-    """Segments of `prepared.text`, cut first at every break and change of tempo, voice or
-    language, then by `split`."""
+    """Segments of `prepared.text`, cut first at every break and change of tempo, pitch, voice
+    or language, then by `split`."""
     compiled = prepared.compiled
     text = compiled.text
     bounds = {0, len(text), *compiled.breaks}
-    for start, end, _ in [*compiled.rates, *compiled.voices, *compiled.languages]:
+    for start, end, _ in [*compiled.rates, *compiled.pitches, *compiled.voices,
+                          *compiled.languages]:
         bounds |= {start, end}
     points = sorted(b for b in bounds if 0 <= b <= len(text))
     result = Cut()
@@ -96,12 +102,15 @@ def cut(prepared: Prepared, split: Callable[[str], list[str]]) -> Cut:
             continue
         segments = split(piece)
         rate = next((r for s, e, r in compiled.rates if s <= a and b <= e), 1.0)
+        pitch = _innermost(compiled.pitches, a, b)
         voice = _innermost(compiled.voices, a, b)
         language = _innermost(compiled.languages, a, b)
         for segment, offset in zip(segments, segment_offsets(piece, segments), strict=True):
             index = len(result.segments)
             if rate != 1.0:
                 result.rates[index] = rate
+            if pitch is not None:
+                result.pitches[index] = pitch
             if voice is not None:
                 result.voices[index] = voice
             if language is not None:

@@ -3,11 +3,11 @@
 A `<speak>` document becomes `Compiled`: the text the engines read (a `phoneme` as an inline
 `[word](/ipa/)` reading, a `say-as` or `sub` as the words they stand for), each character with
 the span of the SSML it was made from (so timings point into what the client sent), the breaks
-(silences that replace the natural pause where they stand), the tempo of each stretch of text
-(`prosody rate`), the stretches read by another voice or in another language (`voice`, `lang`),
-what each read span was read as (the normalization report) and warnings for what is accepted but
-not rendered. The parser is expat with no DTD allowed: no entity can be
-declared, so none expands (no "billion laughs", no external files).
+(silences that replace the natural pause where they stand), the tempo and pitch of each stretch
+of text (`prosody rate`, `prosody pitch`), the stretches read by another voice or in another
+language (`voice`, `lang`), what each read span was read as (the normalization report) and
+warnings for what is accepted but not rendered. The parser is expat with no DTD allowed: no
+entity can be declared, so none expands (no "billion laughs", no external files).
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ BREAK_STRENGTHS = {"none": 0.0, "x-weak": 0.1, "weak": 0.25, "medium": 0.4, "str
 """Seconds of silence for each `break strength`."""
 RATES = {"x-slow": 0.5, "slow": 0.75, "medium": 1.0, "default": 1.0, "fast": 1.25,
          "x-fast": 1.75}
+PITCHES = {"x-low": 0.75, "low": 0.88, "medium": 1.0, "default": 1.0, "high": 1.12,
+           "x-high": 1.25}
+"""Pitch factor for each named `prosody pitch` level."""
 SAY_AS = ("characters", "spell-out", "cardinal", "number", "ordinal", "digits", "telephone",
           "date", "time", "currency")
 MAX_BREAK_S = 10.0
@@ -75,6 +78,8 @@ class Compiled:
     """Offset in `spoken.text` -> seconds of silence there."""
     rates: list[tuple[int, int, float]] = field(default_factory=list)
     """(start, end, tempo) stretches of `spoken.text` read at another tempo."""
+    pitches: list[tuple[int, int, float]] = field(default_factory=list)
+    """(start, end, factor) stretches of `spoken.text` read at another pitch."""
     voices: list[tuple[int, int, str]] = field(default_factory=list)
     """(start, end, name) stretches read by the voice `<voice name>` named (resolved later)."""
     languages: list[tuple[int, int, str]] = field(default_factory=list)
@@ -93,6 +98,20 @@ def _seconds(value: str) -> float | None:
         return None
     number = float(match[1])
     return number / 1000 if match[2] == "ms" else number
+
+
+def _pitch(value: str) -> float | None:
+    """A `prosody pitch` as a factor: a level, `+20%` / `-10%`, or `+2st` (semitones); Hz
+    values need the voice's own pitch, which no engine reports, so they are refused."""
+    value = value.strip()
+    if value in PITCHES:
+        return PITCHES[value]
+    match = re.fullmatch(r"([+-]\d+(?:\.\d+)?)(%|st)", value)
+    if match is None:
+        return None
+    number = float(match[1])
+    factor = 1 + number / 100 if match[2] == "%" else 2 ** (number / 12)
+    return factor if 0.5 <= factor <= 2.0 else None
 
 
 def _rate(value: str) -> float | None:
@@ -226,12 +245,16 @@ class _Compiler:
             self.capture = []
         elif tag == "prosody":
             for key in attrs:
-                if key != "rate":
+                if key not in ("rate", "pitch"):
                     self._warn(f"prosody {key} is not rendered; the text is read at its "
                                "own " + key)
             if "rate" in attrs and _rate(attrs["rate"]) is None:
                 raise self._error(f"prosody rate '{attrs['rate']}' is not x-slow, slow, "
                                   "medium, fast, x-fast or a percentage from 25% to 400%")
+            if "pitch" in attrs and _pitch(attrs["pitch"]) is None:
+                raise self._error(f"prosody pitch '{attrs['pitch']}' is not x-low, low, medium, "
+                                  "high, x-high, a change like +20% or -3st (half to twice "
+                                  "the voice's pitch)")
         elif tag in ("emphasis", "audio", "mark"):
             self._warn(f"<{tag}> is accepted but not rendered" + (
                 "; its text is read" if tag != "mark" else ""))
@@ -286,10 +309,13 @@ class _Compiler:
         elif tag == "p":
             self._close_sentence(end)
             self._emit_at("\n\n", end)
-        elif tag == "prosody" and "rate" in attrs:
-            rate = _rate(attrs["rate"])
+        elif tag == "prosody":
+            rate = _rate(attrs.get("rate", "medium"))
             if rate is not None and rate != 1.0:
                 self.out.rates.append((output_start, len(self.out.spoken), rate))
+            pitch = _pitch(attrs.get("pitch", "medium"))
+            if pitch is not None and pitch != 1.0:
+                self.out.pitches.append((output_start, len(self.out.spoken), pitch))
         elif tag == "voice" and attrs.get("name", "").strip():
             self.out.voices.append((output_start, len(self.out.spoken), attrs["name"].strip()))
         elif tag == "lang":

@@ -4,7 +4,15 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from app.audio.dsp import fade_edges, pause, peak_limit, time_stretch, trim_silence
+from app.audio.dsp import (
+    fade_edges,
+    pause,
+    peak_limit,
+    pitch_shift,
+    resample,
+    time_stretch,
+    trim_silence,
+)
 
 RATE = 24000
 
@@ -147,3 +155,34 @@ def test_peak_limit_scales_without_clipping() -> None:
     quiet = tone(0.1, amplitude=0.5)
     assert np.array_equal(peak_limit(quiet), quiet)
     assert peak_limit(np.zeros(0, dtype=np.float32)).size == 0
+
+
+@pytest.mark.parametrize("factor", [0.75, 0.88, 1.12, 1.25, 1.5])
+@pytest.mark.parametrize("freq", [150.0, 220.0])
+def test_pitch_shift_moves_the_pitch_and_keeps_the_length(factor: float, freq: float) -> None:
+    samples = tone(2.0, freq)
+
+    shifted = pitch_shift(samples, factor, RATE)
+
+    assert shifted.dtype == np.float32
+    assert abs(shifted.size - samples.size) <= samples.size * 0.002
+    assert dominant_frequency(shifted) == pytest.approx(freq * factor, rel=0.02)
+    middle = shifted[RATE // 10 : -RATE // 10]
+    assert rms(middle) == pytest.approx(rms(samples), rel=0.05)
+
+
+def test_pitch_shift_of_one_is_the_input() -> None:
+    samples = voice_like(1.0)
+    assert np.array_equal(pitch_shift(samples, 1.0, RATE), samples)
+
+
+@pytest.mark.parametrize(("source", "target"), [(22050, 24000), (24000, 22050), (16000, 48000)])
+def test_resample_keeps_pitch_and_duration(source: int, target: int) -> None:
+    t = np.arange(2 * source) / source
+    samples = (0.5 * np.sin(2 * np.pi * 300 * t)).astype(np.float32)
+
+    out = resample(samples, source, target)
+
+    assert out.dtype == np.float32 and abs(out.size - 2 * target) <= 2
+    spectrum = np.abs(np.fft.rfft(out * np.hanning(out.size)))
+    assert np.argmax(spectrum) * target / out.size == pytest.approx(300, rel=0.01)

@@ -62,6 +62,8 @@ def test_say_as_reads_as_asked(kind: str, written: str, fmt: str, spoken: str) -
     ("<speak><say-as interpret-as='poem'>x</say-as></speak>", "line 1, column 8"),
     ("<voice>Hi</voice>", "line 1, column 1"),
     ("<speak>Hi <lang>there</lang></speak>", "line 1, column 11"),
+    ("<speak>Hi <prosody pitch='+80Hz'>there</prosody></speak>", "line 1, column 11"),
+    ("<speak>Hi <prosody pitch='+30st'>there</prosody></speak>", "line 1, column 11"),
     ('<!DOCTYPE s [<!ENTITY a "aaaa">]><speak>&a;</speak>', "line 1, column"),
 ])
 def test_bad_ssml_names_its_line_and_column(doc: str, where: str) -> None:
@@ -101,3 +103,14 @@ def test_a_voice_without_a_name_is_read_by_the_requests_voice_with_a_warning() -
     assert pieces.voices == {}
     assert prepared.compiled.warnings == [
         "<voice> without a name is not rendered: the request's voice reads it"]
+
+
+def test_prosody_pitch_is_a_factor_per_segment_the_inner_one_winning() -> None:
+    prepared = prepare('<speak>Low <prosody pitch="x-low">down <prosody pitch="+12st">up'
+                       '</prosody></prosody> <prosody pitch="-10%" rate="fast">then</prosody>'
+                       '</speak>')
+    assert prepared.compiled.warnings == []
+    pieces = cut(prepared, lambda piece: [piece.strip()] if piece.strip() else [])
+    assert pieces.segments == ["Low", "down", "up", "then"]
+    assert pieces.pitches == {1: 0.75, 2: pytest.approx(2.0), 3: pytest.approx(0.9)}
+    assert pieces.rates == {3: 1.25}
