@@ -17,6 +17,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import ValidationError
 
+from app.http.clients import client_id
 from app.http.deps import ClientDep, RequestIdDep, ServiceDep
 from app.http.errors import kind_of
 from app.jobs import book
@@ -25,7 +26,9 @@ from app.jobs.runner import JobRunner
 from app.protocols.schemas import JobRequest
 from app.resources import STATIC, TEMPLATES
 from app.routes import studio_audio
+from app.serving.lexicons import owner_of as lexicon_owner
 from app.serving.service import SpeechService
+from app.studio import lexicon
 from app.studio.audition import COMPARE_MAX, compare
 from app.studio.blend import editor, mix, parse_rows
 from app.studio.deps import ClipsDep, PagesDep, access, from_htmx
@@ -49,7 +52,7 @@ from engines.base import VoxMuxError
 HTMX = "htmx-2.0.11.min.js"
 PAGE = "studio.html"
 FRAGMENTS = ("auth", "models", "voices", "stats", "requests", "compare", "blend", "blend_mix",
-             "jobs")
+             "jobs", "lexicons")
 JOBS_SHOWN = 10
 CHAPTERS_SHOWN = 30
 STOP_POLLING = 286
@@ -105,6 +108,9 @@ async def _context(request: Request, service: SpeechService, blocks: tuple[str, 
         else:
             ctx.setdefault("job_notice", runner.unavailable)
             ctx.setdefault("job_error", True)
+    if allowed.synthesis and "lexicons" in blocks:
+        ctx["lexicons"] = service.lexicons.list(lexicon_owner(client_id(request)))
+        ctx["lexicon_name"] = lexicon.DEFAULT_NAME
     if allowed.admin and "stats" in blocks:
         ctx["stats"] = await service.report()
     if allowed.admin and "requests" in blocks:
@@ -119,7 +125,7 @@ def _block(pages: Pages, block: str, ctx: dict[str, Any], status: int = 200) -> 
 
 @router.get("/", response_class=HTMLResponse)
 async def studio_page(request: Request, service: ServiceDep, pages: PagesDep) -> HTMLResponse:
-    ctx = await _context(request, service, (*FRAGMENTS, "result", "comparison"))
+    ctx = await _context(request, service, (*FRAGMENTS, "result", "comparison", "trial"))
     return HTMLResponse(pages.page(PAGE, ctx))
 
 
@@ -268,6 +274,75 @@ async def compare_voices(
     ctx = await _context(request, service, ("comparison",), contenders=contenders, text=text,
                          stored=stored)
     return _block(pages, "comparison", ctx)
+
+
+@router.post("/studio/lexicon/try", response_class=HTMLResponse,
+             dependencies=[Depends(from_htmx)])
+async def try_reading(
+    request: Request,
+    service: ServiceDep,
+    pages: PagesDep,
+    clips: ClipsDep,
+    request_id: RequestIdDep,
+    client: ClientDep,
+    word: Annotated[str, Form()],
+    reading: Annotated[str, Form()],
+    model: Annotated[str, Form()],
+    text: Annotated[str, Form()] = "",
+    voice: Annotated[str, Form()] = "",
+    language: Annotated[str, Form()] = "en",
+) -> HTMLResponse:
+    """The word (or a sentence with it) as read now and with `reading`, side by side."""
+    if not access(request).synthesis:
+        ctx = await _context(request, service, ("trial",),
+                             error="Sign in with an API key to hear readings.", auth_hint=True)
+        return _block(pages, "trial", ctx, 401)
+    try:
+        trial = await lexicon.trial(service, word=word, reading=reading, text=text, model=model,
+                                    voice=voice.strip(), language=language,
+                                    request_id=request_id, client=client, request=request)
+    except VoxMuxError as exc:
+        ctx = await _context(request, service, ("trial",), error=exc.message)
+        return _block(pages, "trial", ctx, kind_of(exc).status)
+    for clip in (trial.now, trial.after):
+        await clips.put(clip)
+    ctx = await _context(request, service, ("trial",), trial=trial)
+    return _block(pages, "trial", ctx)
+
+
+@router.post("/studio/lexicon/{action}", response_class=HTMLResponse,
+             dependencies=[Depends(from_htmx)])
+async def edit_lexicon(
+    action: Literal["save", "remove"],
+    request: Request,
+    service: ServiceDep,
+    pages: PagesDep,
+    client: ClientDep,
+    word: Annotated[str, Form()],
+    reading: Annotated[str, Form()] = "",
+    language: Annotated[str, Form()] = "en",
+    name: Annotated[str, Form()] = lexicon.DEFAULT_NAME,
+) -> HTMLResponse:
+    """Save the word's reading into a lexicon, or remove the word from one."""
+    if not access(request).synthesis:
+        ctx = await _context(request, service, ("lexicons",), lexicon_notice="Sign in with an "
+                             "API key to edit pronunciations.", lexicon_error=True)
+        return _block(pages, "lexicons", ctx, 401)
+    status, notice = 200, None
+    owner = lexicon_owner(client)
+    try:
+        if action == "save":
+            lexicon.save(service.lexicons, owner, word=word, reading=reading,
+                         language=language, name=name)
+            notice = f"Saved: {word.strip()} reads {reading.strip()}."
+        else:
+            lexicon.remove(service.lexicons, owner, name=name, word=word)
+            notice = f"Removed {word} from {name}."
+    except VoxMuxError as exc:
+        status, notice = kind_of(exc).status, exc.message
+    ctx = await _context(request, service, ("lexicons",), lexicon_notice=notice,
+                         lexicon_error=status >= 400)
+    return _block(pages, "lexicons", ctx, status)
 
 
 def _clock(timestamp: float) -> str:

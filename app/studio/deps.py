@@ -37,18 +37,18 @@ def access(request: Request) -> Access:
     return Access(auth.enabled, auth.scope, auth.authorized(request))
 
 
-def from_htmx(request: Request) -> None:
+async def from_htmx(request: Request) -> None:
     """Studio POSTs need htmx's `HX-Request` header, which a cross-site form cannot send."""
     if request.headers.get("hx-request") != "true":
         raise InvalidParameter("Studio actions are sent by the Studio page (htmx) only")
 
 
-def _pages(request: Request) -> Pages:
+async def _pages(request: Request) -> Pages:
     pages: Pages = request.app.state.studio_pages
     return pages
 
 
-def _clips(request: Request) -> ClipStore:
+async def _clips(request: Request) -> ClipStore:
     clips: ClipStore = request.app.state.studio_clips
     return clips
 

@@ -44,7 +44,7 @@ def test_static_files_are_served(server: LiveServer) -> None:
 
 
 @pytest.mark.parametrize("block", ["auth", "models", "voices", "requests", "compare", "blend",
-                                   "blend_mix"])
+                                   "blend_mix", "lexicons"])
 def test_fragment_is_the_page_block(server: LiveServer, block: str) -> None:
     with server.client() as client:
         fragment = client.get(f"/studio/fragments/{block}")
