@@ -14,6 +14,7 @@ from app.http import edge
 from app.http.auth import require_synthesis
 from app.jobs.outputs import Outputs, keep_job
 from app.jobs.runner import JobRunner
+from app.protocols.wyoming import start_server as start_wyoming
 from app.routes import (
     cancel,
     captioned,
@@ -116,9 +117,16 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
             app.state.ready.set()
             task = asyncio.create_task(fleet.watch_cancels(service.cancel))
         await runner.start()
+        wyoming = None
+        if settings.wyoming_port and fleet is None:
+            wyoming = await start_wyoming(service, settings)
+        elif settings.wyoming_port:
+            log.warning("Wyoming is not served on --ray yet: VOXMUX_WYOMING_PORT ignored")
         try:
             yield
         finally:
+            if wyoming is not None:
+                await wyoming.stop()
             await runner.stop()
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)

@@ -41,6 +41,11 @@ class Settings(BaseSettings):
     """Interface the server binds."""
     port: int = 8100
     """TCP port the server listens on."""
+    wyoming_port: int = Field(0, ge=0, le=65535)
+    """Also serve the Wyoming protocol (Home Assistant) on this TCP port; 0: off."""
+    wyoming_host: str = ""
+    """Where Wyoming listens; empty: `host`, or 127.0.0.1 when API keys are set (the protocol
+    carries no key)."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log verbosity."""
     log_dir: Path | None = None

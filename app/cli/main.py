@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_profile(serve)
     serve.add_argument("--host", help="bind address (env VOXMUX_HOST)")
     serve.add_argument("--port", type=int, help="port (env VOXMUX_PORT)")
+    serve.add_argument("--wyoming", type=int, metavar="PORT", dest="wyoming_port",
+                       help="also serve the Wyoming protocol (Home Assistant) on this port "
+                            "(env VOXMUX_WYOMING_PORT)")
     cluster = serve.add_mutually_exclusive_group()
     cluster.add_argument("--ray", action="store_true",
                          help="serve on Ray Serve, on a local cluster (needs voxmux[ray])")
@@ -57,7 +60,8 @@ def _add_profile(command: argparse.ArgumentParser) -> None:
 def resolve_settings(args: argparse.Namespace) -> Settings:
     """Settings for parsed arguments: flags beat environment variables beat the profile file."""
     profile = args.profile or os.environ.get("VOXMUX_PROFILE") or DEFAULT_PROFILE
-    flags = {name: getattr(args, name, None) for name in ("host", "port", "ray_address")}
+    flags = {name: getattr(args, name, None)
+             for name in ("host", "port", "ray_address", "wyoming_port")}
     return load_settings(profile, **{k: v for k, v in flags.items() if v is not None})
 
 

@@ -1,0 +1,224 @@
+"""The Wyoming protocol (Home Assistant's local voice services) beside HTTP, on the same speech
+service: its engines, scheduler, cache and limits.
+
+A client asks `describe` and gets `info`: one TTS program, `voxmux`, whose voices are every
+model's voices named `model:voice` (`piper:en_US-joe-medium`, `hibari:heart`), each with its
+language. `synthesize` (the whole text; `text_format: ssml` reads SSML) answers `audio-start`,
+`audio-chunk`s of 16-bit mono PCM at the model's rate, `audio-stop`. The streaming form
+(`synthesize-start`, `synthesize-chunk`s of text as an LLM writes it, `synthesize-stop`) is a
+text-in job: each sentence is spoken once it is complete, in one `audio-start` ... `audio-stop`,
+then `synthesize-stopped`; the `synthesize` a streaming client also sends (for servers without
+streaming) is ignored inside a stream. Failures are `error` events (a stream still ends with
+`synthesize-stopped`). A voice names a model and voice (`model:voice`), a model (its default
+voice), or a voice id one model has; none: the model `tts-1` names.
+
+The protocol carries no key: with API keys set, Wyoming listens on loopback unless
+`VOXMUX_WYOMING_HOST` says otherwise (`bind_host`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import AsyncIterator
+
+import numpy as np
+from wyoming.audio import AudioChunk, AudioStart, AudioStop
+from wyoming.error import Error
+from wyoming.event import Event
+from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice
+from wyoming.server import AsyncEventHandler, AsyncTcpServer
+from wyoming.tts import (
+    Synthesize,
+    SynthesizeChunk,
+    SynthesizeStart,
+    SynthesizeStop,
+    SynthesizeStopped,
+    SynthesizeVoice,
+)
+
+from app.audio.encoders import to_pcm16
+from app.http.errors import kind_of
+from app.serving.job import SpeechJob
+from app.serving.service import SpeechService
+from app.settings import Settings
+from app.text.feed import TextFeed
+from engines.base import ModelNotFound, VoiceNotFound, VoxMuxError
+from engines.signature import package_versions
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "tts-1"
+"""The model a request that names no voice gets (an alias: `hibari` in the catalogue)."""
+CHUNK_SAMPLES = 4096
+"""Samples per `audio-chunk` (a satellite plays them as they come)."""
+WIDTH, CHANNELS = 2, 1
+ATTRIBUTION = Attribution(name="VoxMux", url="")
+
+
+def bind_host(settings: Settings) -> str:
+    """Where Wyoming listens: its own host setting, else loopback on a server with keys (the
+    protocol has no key field), else the HTTP host."""
+    if settings.wyoming_host:
+        return settings.wyoming_host
+    return "127.0.0.1" if settings.api_keys else settings.host
+
+
+def language_tag(code: str) -> str:
+    """`en-us` -> `en-US` (the form Home Assistant lists languages in)."""
+    base, _, region = code.partition("-")
+    return f"{base.lower()}-{region.upper()}" if region and len(region) == 2 else code
+
+
+def info(service: SpeechService) -> Info:
+    """Every model's voices as one TTS program."""
+    voices = []
+    for handle in service.models():
+        fallback = list(handle.engine.capabilities.languages)
+        for voice in handle.engine.voices():
+            languages = [voice.language] if voice.language else fallback
+            voices.append(TtsVoice(
+                name=f"{handle.id}:{voice.id}", description=f"{voice.name} ({handle.id})",
+                attribution=ATTRIBUTION, installed=True, version=None,
+                languages=[language_tag(code) for code in languages]))
+    return Info(tts=[TtsProgram(
+        name="voxmux", description="VoxMux: every model's voices", attribution=ATTRIBUTION,
+        installed=True, version=package_versions("voxmux"), voices=voices,
+        supports_synthesize_streaming=True)])
+
+
+def resolve(service: SpeechService, voice: SynthesizeVoice | None) -> tuple[str, str | None]:
+    """(model, voice) for a Wyoming voice."""
+    name = (voice.name or "").strip() if voice is not None else ""
+    if not name:
+        return DEFAULT_MODEL, None
+    model, colon, voice_id = name.partition(":")
+    if colon:
+        return model, voice_id or None
+    with contextlib.suppress(ModelNotFound):
+        return service.registry.resolve(name).id, None
+    for handle in service.models():
+        if any(v.id == name for v in handle.engine.voices()):
+            return handle.id, name
+    raise VoiceNotFound(f"No model has a voice '{name}'; Wyoming voices are named model:voice "
+                        "(describe lists them)", param="voice")
+
+
+class WyomingHandler(AsyncEventHandler):
+    """One client connection."""
+
+    def __init__(self, service: SpeechService, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:
+        super().__init__(reader, writer)
+        self.service = service
+        peer = writer.get_extra_info("peername")
+        self.client = f"wyoming:{peer[0] if peer else 'unknown'}"
+        self._stream: SpeechJob | None = None
+        self._speaking: asyncio.Task[None] | None = None
+
+    async def handle_event(self, event: Event) -> bool:
+        if Describe.is_type(event.type):
+            await self.write_event(info(self.service).event())
+        elif SynthesizeStart.is_type(event.type):
+            await self._start(SynthesizeStart.from_event(event))
+        elif SynthesizeChunk.is_type(event.type):
+            self._feed(SynthesizeChunk.from_event(event).text)
+        elif SynthesizeStop.is_type(event.type):
+            await self._stop()
+        elif Synthesize.is_type(event.type) and self._stream is None:
+            await self._whole(Synthesize.from_event(event))
+        return True
+
+    async def _whole(self, request: Synthesize) -> None:
+        try:
+            model, voice = resolve(self.service, request.voice)
+            plan = self.service.plan(model=model, voice=voice, text=request.text,
+                                     client=self.client, input_format=_format(request))
+        except VoxMuxError as exc:
+            await self._error(exc)
+            return
+        await self._speak(self.service.speak(plan))
+
+    async def _start(self, request: SynthesizeStart) -> None:
+        await self._stop()  # a new stream ends the one before
+        try:
+            model, voice = resolve(self.service, request.voice)
+            plan = self.service.plan_stream(model=model, voice=voice, client=self.client)
+        except VoxMuxError as exc:
+            await self._error(exc)
+            await self.write_event(SynthesizeStopped().event())
+            return
+        self._stream = self.service.speak(plan)
+        self._speaking = asyncio.create_task(self._speak(self._stream, stream=True))
+
+    def _feed(self, text: str) -> None:
+        if self._stream is not None and isinstance(self._stream.plan.text, TextFeed):
+            try:
+                self._stream.plan.text.feed(text)
+            except VoxMuxError as exc:  # too much text waiting: the stream ends with the error
+                log.warning("wyoming stream: %s", exc.message)
+                self._stream.cancel()
+
+    async def _stop(self) -> None:
+        """End the stream's text; wait until its audio and `synthesize-stopped` are sent."""
+        job, speaking, self._stream, self._speaking = self._stream, self._speaking, None, None
+        if job is None or speaking is None:
+            return
+        if isinstance(job.plan.text, TextFeed):
+            job.plan.text.end()
+        await speaking
+
+    async def _speak(self, job: SpeechJob, stream: bool = False) -> None:
+        """The job's audio as one `audio-start` ... `audio-stop`, or the error it ended with."""
+        started = False
+        try:
+            async with job:
+                async for chunk in _chunks(job.audio()):
+                    if not started:
+                        await self.write_event(AudioStart(job.sample_rate, WIDTH,
+                                                          CHANNELS).event())
+                        started = True
+                    await self.write_event(AudioChunk(job.sample_rate, WIDTH, CHANNELS,
+                                                      to_pcm16(chunk)).event())
+            if not started:
+                await self.write_event(AudioStart(job.sample_rate, WIDTH, CHANNELS).event())
+            await self.write_event(AudioStop().event())
+        except VoxMuxError as exc:
+            await self._error(exc)
+        except (ConnectionError, RuntimeError):  # the client went away while it was sent
+            return
+        if stream:
+            await self.write_event(SynthesizeStopped().event())
+
+    async def _error(self, exc: VoxMuxError) -> None:
+        await self.write_event(Error(text=exc.message, code=kind_of(exc).code).event())
+
+    async def disconnect(self) -> None:
+        """The client is gone: whatever it asked for stops."""
+        job, speaking = self._stream, self._speaking
+        if job is not None:
+            job.cancel()
+        if speaking is not None:
+            speaking.cancel()
+            await asyncio.gather(speaking, return_exceptions=True)
+
+
+def _format(request: Synthesize) -> str | None:
+    fmt = request.text_format
+    return str(getattr(fmt, "value", fmt)) if fmt else None
+
+
+async def _chunks(audio: AsyncIterator[np.ndarray]) -> AsyncIterator[np.ndarray]:
+    async for chunk in audio:
+        for start in range(0, len(chunk), CHUNK_SAMPLES):
+            yield chunk[start:start + CHUNK_SAMPLES]
+
+
+async def start_server(service: SpeechService, settings: Settings) -> AsyncTcpServer:
+    """Listen for Wyoming clients (stopped with `await server.stop()`)."""
+    server = AsyncTcpServer(bind_host(settings), settings.wyoming_port)
+    await server.start(functools.partial(WyomingHandler, service))
+    log.info("Wyoming on %s:%d", server.host, server.port)
+    return server
