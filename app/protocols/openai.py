@@ -19,6 +19,7 @@ import asyncio
 import base64
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Callable
 
 import numpy as np
@@ -47,6 +48,22 @@ class _Aborted(Exception):
     """The audio failed after the headers were sent; the transfer must not look complete."""
 
 
+WARNINGS_HEADER_CHARS = 2000
+"""Past this the warnings header is cut (proxies refuse headers of 8 KB and more)."""
+
+
+def warnings_header(warnings: list[str]) -> str:
+    """Each warning once, in order, as one header value: Latin-1 (other characters as \\u
+    escapes), control characters (a client's text can carry them into a warning) as spaces, at
+    most `WARNINGS_HEADER_CHARS` characters."""
+    text = "; ".join(dict.fromkeys(warnings))
+    text = re.sub(r"[\x00-\x1f\x7f]", " ", text).encode("latin-1", "backslashreplace").decode(
+        "latin-1")
+    if len(text) > WARNINGS_HEADER_CHARS:
+        text = text[:WARNINGS_HEADER_CHARS - 3] + "..."
+    return text
+
+
 def job_headers(job: SpeechJob, sample_rate: int) -> dict[str, str]:
     plan = job.plan
     headers = {
@@ -56,9 +73,8 @@ def job_headers(job: SpeechJob, sample_rate: int) -> dict[str, str]:
         "X-VoxMux-Segments": str(job.segments),
         "X-VoxMux-Cache": job.cache_use,
     }
-    if plan.warnings:  # header values are Latin-1: other characters as \u escapes
-        headers["X-VoxMux-Warnings"] = "; ".join(plan.warnings).encode(
-            "latin-1", "backslashreplace").decode("latin-1")
+    if plan.warnings:
+        headers["X-VoxMux-Warnings"] = warnings_header(plan.warnings)
     if plan.report:
         report = plan.prepared.report if plan.prepared is not None else []
         headers["X-VoxMux-Normalization"] = json.dumps(report, separators=(",", ":"))

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,6 +102,9 @@ class JobContext:
     buffer_seconds: float
     started: Callable[[SpeechJob], None]
     finished: Callable[[SpeechJob], None]
+    ready: Callable[[str], Awaitable[None]] | None = None
+    """Loads a model an SSML voice switches to, before the request's first byte (so a model
+    that cannot load is the request's error, not a stream cut short)."""
 
 
 class SpeechJob:
@@ -279,8 +282,12 @@ class SpeechJob:
                     self._emit(assembly, joined)
                 return
         index = plan.start
-        for speaker, end in plan.runs():  # one run unless SSML switches voice or language
-            work = self._work(speaker, index, end)
+        runs = plan.runs()
+        if self._context.ready is not None:
+            for model_id in sorted({s.handle.id for s, _ in runs[1:]} - {runs[0][0].handle.id}):
+                await self._context.ready(model_id)
+        for speaker, end in runs:  # one run unless SSML switches voice or language
+            work = self._work(speaker, index, end, admitted=index > plan.start)
             async with self._context.renderer.session(work) as session:
                 while index != end and (
                         text := await self._next_segment(index, session)) is not None:
@@ -313,8 +320,10 @@ class SpeechJob:
         finally:
             self.meter.engine_time(time.perf_counter() - started)
 
-    def _work(self, speaker: Speaker, start: int, end: int | None) -> RenderWork:
-        """The work of one run: segments `start` to `end` (a feed's: all that come)."""
+    def _work(self, speaker: Speaker, start: int, end: int | None, *, admitted: bool = False
+              ) -> RenderWork:
+        """The work of one run: segments `start` to `end` (a feed's: all that come);
+        `admitted`: a later run, of a request under way."""
         plan = self.plan
         return RenderWork(
             ticket=self.ticket, model_id=speaker.handle.id, voice=speaker.voice,
@@ -324,7 +333,7 @@ class SpeechJob:
             cancel=self._cancel,
             timings=plan.timestamps, client=plan.client, progress=self._progress,
             abandon=self._report, rendered=self.meter.sample_memory,
-            background=plan.background,
+            background=plan.background, admitted=admitted,
         )
 
 

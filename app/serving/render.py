@@ -72,6 +72,9 @@ class RenderWork:
     """Called in the engine thread after each segment (the job samples its memory there)."""
     background: bool = False
     """A long-form job's work: its segments wait while interactive requests want the engine."""
+    admitted: bool = False
+    """The request is under way already (a later run of an SSML voice switch): the session is
+    not admitted again, its place is waited for (a 200 already sent is never refused after)."""
 
 
 Words = tuple[WordTiming, ...]
@@ -168,7 +171,7 @@ class LocalRenderer:
     @asynccontextmanager
     async def session(self, work: RenderWork) -> AsyncIterator[RenderSession]:
         handle = self.registry[work.model_id]
-        if self.admission:
+        if self.admission and not work.admitted:
             handle.lane.admit(work.client)
         session = _LocalSession(self.registry, handle.lane, work, self.timeout, self.admission)
         try:

@@ -86,7 +86,14 @@ class SpeechService:
         self._by_request_id: dict[str, set[str]] = defaultdict(set)
         self._context = JobContext(self.renderer, self.cache, self.render_record,
                                    settings.sentence_pause_ms, settings.stream_buffer_seconds,
-                                   self._started, self._finished)
+                                   self._started, self._finished,
+                                   None if fleet is not None else self._ready)
+
+    async def _ready(self, model_id: str) -> None:
+        """`model_id` loaded (a lease taken and let go: its idle timer runs as after a
+        request); a load failure is raised here."""
+        async with self.registry.lease(model_id):
+            pass
 
     def close(self) -> None:
         """At shutdown: no new engine calls; one still running finishes in its thread."""
@@ -212,6 +219,7 @@ class SpeechService:
         read in its voice's own language)."""
         speakers: dict[int, Speaker] = {}
         named = {name: self._ssml_voice(plan, name) for name in set(voices.values())}
+        unread: set[str] = set()
         for index in sorted({*voices, *languages}):
             handle, voice = named[voices[index]] if index in voices else (plan.handle,
                                                                           plan.voice)
@@ -222,13 +230,26 @@ class SpeechService:
             native, stretch = split_speed(plan.speed, handle.engine.capabilities.speed_range)
             speaker = Speaker(handle, voice, native, stretch, languages.get(index, plan.language))
             if speaker.language != plan.language and not self._speaks(plan, speaker):
-                plan.warnings.append(
-                    f"<lang xml:lang=\"{speaker.language}\"> is not read by the {handle.id} "
-                    f"engine with voice {voice}; read in the voice's own language")
+                warning = (f"<lang xml:lang=\"{speaker.language}\"> is not read by the "
+                           f"{handle.id} engine with voice {voice}; read in the voice's own "
+                           "language")
+                if warning not in unread:
+                    unread.add(warning)
+                    plan.warnings.append(warning)
                 speaker = Speaker(handle, voice, native, stretch, plan.language)
             if speaker != plan.speaker:
                 speakers[index] = speaker
+        self._check_switched(plan, {s.handle for s in speakers.values()} - {plan.handle})
         return speakers
+
+    def _check_switched(self, plan: SpeechPlan, handles: set[ModelHandle[Lane]]) -> None:
+        """Refuse now, with a 429 before a byte is sent, a switch to a model that takes no new
+        request from this client: its run would wait for a place behind the client's own
+        requests. (A model that cannot load fails the job before its first byte: `_ready`.)"""
+        if self.fleet is not None:  # Serve admits on a cluster
+            return
+        for handle in sorted(handles, key=lambda h: h.id):
+            handle.lane.admit(plan.client)
 
     def _ssml_voice(self, plan: SpeechPlan, name: str) -> tuple[ModelHandle[Lane], str]:
         """The model and voice `<voice name>` means: a voice of the request's model, a model

@@ -34,6 +34,7 @@ PITCHES = {"x-low": 0.75, "low": 0.88, "medium": 1.0, "default": 1.0, "high": 1.
 SAY_AS = ("characters", "spell-out", "cardinal", "number", "ordinal", "digits", "telephone",
           "date", "time", "currency")
 MAX_BREAK_S = 10.0
+LANGUAGE_TAG = re.compile(r"[A-Za-z]{2,8}(-[A-Za-z0-9]{1,8}){0,3}")
 
 _SPOKEN = {"speak", "p", "s", "sub", "say-as", "phoneme", "break", "prosody", "emphasis", "audio",
            "voice", "lang"}
@@ -260,8 +261,13 @@ class _Compiler:
                 "; its text is read" if tag != "mark" else ""))
         elif tag == "voice" and not attrs.get("name", "").strip():
             self._warn("<voice> without a name is not rendered: the request's voice reads it")
-        elif tag == "lang" and not attrs.get("xml:lang", "").strip():
-            raise self._error("<lang> needs an xml:lang attribute")
+        elif tag == "lang":
+            code = attrs.get("xml:lang", "").strip()
+            if not code:
+                raise self._error("<lang> needs an xml:lang attribute")
+            if not LANGUAGE_TAG.fullmatch(code):
+                raise self._error(f"xml:lang {code[:40]!r} is not a language tag like fr or "
+                                  "fr-FR")
         elif tag not in _SPOKEN:
             self._warn(f"<{tag}> is not part of VoxMux's SSML; its text is read")
         self.stack.append((tag, attrs, content, len(self.out.spoken)))

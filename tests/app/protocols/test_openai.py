@@ -5,6 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
+from app.protocols.openai import WARNINGS_HEADER_CHARS, warnings_header
 from tests.conftest import LiveServer, decode
 
 TEXT = "The quick brown fox jumps over the lazy dog. It was a sunny day in the park."
@@ -99,3 +100,12 @@ def test_request_id_is_kept_when_well_formed(server: LiveServer) -> None:
         replaced = http.get("/v1/models", headers={"X-Request-ID": "bad id!"})
     assert kept.headers["x-request-id"] == "client-abc-123"
     assert replaced.headers["x-request-id"] not in ("bad id!", "")
+
+
+def test_the_warnings_header_is_one_safe_line() -> None:
+    """Warnings can quote what a client sent: each once, no control character (uvicorn refuses
+    the header and drops the connection), Latin-1, and bounded (proxies refuse 8 KB headers)."""
+    header = warnings_header(["a\nX-Injected: 1", "a\nX-Injected: 1", "caf\u00e9 \u65e5", "b"])
+    assert header == "a X-Injected: 1; caf\u00e9 \\u65e5; b"
+    long = warnings_header([f"warning {i}" for i in range(2000)])
+    assert len(long) == WARNINGS_HEADER_CHARS and long.endswith("...")

@@ -114,3 +114,22 @@ def test_prosody_pitch_is_a_factor_per_segment_the_inner_one_winning() -> None:
     assert pieces.segments == ["Low", "down", "up", "then"]
     assert pieces.pitches == {1: 0.75, 2: pytest.approx(2.0), 3: pytest.approx(0.9)}
     assert pieces.rates == {3: 1.25}
+
+
+def test_nested_elements_over_the_same_text_the_inner_one_wins() -> None:
+    for outer, inner in (("espeak", "piper"), ("piper", "espeak")):
+        prepared = prepare(f'<speak><voice name="{outer}"><voice name="{inner}">Good morning.'
+                           '</voice></voice></speak>')
+        pieces = cut(prepared, lambda piece: [piece.strip()] if piece.strip() else [])
+        assert pieces.voices == {0: inner}
+    for outer, inner in (("de", "fr-fr"), ("fr-fr", "de")):
+        prepared = prepare(f'<speak><lang xml:lang="{outer}"><lang xml:lang="{inner}">Bonjour.'
+                           '</lang></lang></speak>')
+        pieces = cut(prepared, lambda piece: [piece.strip()] if piece.strip() else [])
+        assert pieces.languages == {0: inner}
+
+
+def test_a_language_tag_is_checked() -> None:
+    with pytest.raises(SSMLError) as raised:
+        prepare('<speak>Hello. <lang xml:lang="fr&#10;X-Injected: 1">Bonjour.</lang></speak>')
+    assert "is not a language tag" in raised.value.message
