@@ -43,13 +43,13 @@ class Outputs:
                 with open(tmp, "wb") as handle:
                     for piece in data:
                         handle.write(piece)
-            os.replace(tmp, path)
-            meta = {"file": path.name, "bytes": path.stat().st_size,
+            meta = {"file": path.name, "bytes": tmp.stat().st_size,
                     "created_at": int(time.time()), **sidecar}
             side = path.with_name(path.name + ".json")
             side_tmp = side.with_name(f".{side.name}.tmp")
             side_tmp.write_text(json.dumps(meta, indent=2, ensure_ascii=False))
-            os.replace(side_tmp, side)
+            os.replace(side_tmp, side)  # the sidecar first: a watcher that sees the audio
+            os.replace(tmp, path)  # finds its sidecar (CI saw the audio alone for a moment)
         except OSError as exc:
             log.warning("outputs: could not write %s: %s", path, exc)
             return None
