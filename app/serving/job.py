@@ -283,7 +283,7 @@ class SpeechJob:
                 return
         index = plan.start
         runs = plan.runs()
-        if self._context.ready is not None:
+        if self._context.ready is not None and runs:
             for model_id in sorted({s.handle.id for s, _ in runs[1:]} - {runs[0][0].handle.id}):
                 await self._context.ready(model_id)
         for speaker, end in runs:  # one run unless SSML switches voice or language

@@ -8,7 +8,6 @@ import random
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import httpx
@@ -128,15 +127,27 @@ def test_rss_is_the_kernels_vmrss() -> None:
     assert memory.rss_bytes(2**22 + 1) is None  # above any pid the kernel hands out
 
 
+TRACKED = """
+import json
+from dataclasses import asdict
+from app.serving import memory
+tracker = memory.MemoryTracker()
+ballast = bytearray(64 << 20)
+ballast[::4096] = b"x" * len(ballast[::4096])  # touch every page so it is resident
+tracker.update()
+del ballast
+print(json.dumps(asdict(tracker.finish())))
+"""
+
+
 def test_memory_tracker_reports_rss_and_honest_vram() -> None:
+    """In a process of its own: in the suite's, other threads (its live servers) free memory
+    while the ballast is held, and the peak came out 50 MiB over the start once in CI."""
     rss = memory.rss_bytes()
     assert rss is not None and rss > 10 << 20
-    tracker = memory.MemoryTracker()
-    ballast = bytearray(64 << 20)
-    ballast[::4096] = b"x" * len(ballast[::4096])  # touch every page so it is resident
-    tracker.update()
-    del ballast
-    mem = asdict(tracker.finish())
+    run = subprocess.run([sys.executable, "-c", TRACKED], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[3])
+    mem = json.loads(run.stdout)
     assert isinstance(mem["rss_peak"], int) and isinstance(mem["rss_start"], int)
     assert mem["rss_peak"] >= mem["rss_start"] + (60 << 20)
     assert set(mem) == {"rss_start", "rss_end", "rss_peak", "vram_start", "vram_end",
