@@ -18,6 +18,7 @@ from app.protocols.wyoming import start_server as start_wyoming
 from app.routes import (
     cancel,
     captioned,
+    elevenlabs,
     health,
     jobs,
     lexicons,
@@ -146,5 +147,6 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
         app.include_router(module.router, dependencies=guarded)
     for module in (health, ws, monitoring, session):
         app.include_router(module.router)
+    elevenlabs.install(app)
     studio.install(app)
     return app

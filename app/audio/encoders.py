@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import io
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from functools import cache
 from typing import IO, Any, cast
@@ -27,6 +27,9 @@ import soxr
 from av.audio.stream import AudioStream
 
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+TELEPHONY = ("ulaw",)
+"""Raw G.711 mu-law (telephony stacks' 8 kHz audio): ElevenLabs' `ulaw_8000`, not an OpenAI
+format."""
 CONTENT_TYPES: dict[str, str] = {
     "mp3": "audio/mpeg",
     "opus": "audio/ogg",
@@ -34,6 +37,7 @@ CONTENT_TYPES: dict[str, str] = {
     "flac": "audio/flac",
     "wav": "audio/wav",
     "pcm": "audio/pcm",
+    "ulaw": "audio/basic",
 }
 
 
@@ -72,6 +76,7 @@ _SPECS: dict[str, _Spec] = {
     "flac": _Spec(
         "flac", "flac", codec_format="s16", frame_format="s16", lossy=False, incremental=False
     ),
+    "ulaw": _Spec("mulaw", "pcm_mulaw", codec_format="s16", frame_format="s16", lossy=False),
 }
 
 
@@ -196,7 +201,7 @@ def _mono(samples: npt.ArrayLike) -> npt.NDArray[np.float32]:
 
 
 def _check(fmt: str, sample_rate: int) -> None:
-    if fmt not in FORMATS:
+    if fmt not in FORMATS and fmt not in TELEPHONY:
         raise ValueError(f"unknown audio format {fmt!r}; expected one of {', '.join(FORMATS)}")
     if sample_rate <= 0:
         raise ValueError(f"sample rate must be positive, got {sample_rate}")
@@ -229,7 +234,9 @@ class StreamEncoder:
     (`resampling`). Otherwise the format decides: the input's rate, or one its codec supports.
     """
 
-    def __init__(self, fmt: str, sample_rate: int, rate: int | None = None) -> None:
+    def __init__(self, fmt: str, sample_rate: int, rate: int | None = None,
+                 bit_rate: int | None = None) -> None:
+        """`bit_rate`: a lossy codec's, instead of the format's own (mp3 128 kbps)."""
         _check(fmt, sample_rate)
         if rate is not None:
             _check(fmt, rate)
@@ -238,6 +245,8 @@ class StreamEncoder:
         feed_rate = rate or sample_rate
         self._resampler = _Resampler(sample_rate, feed_rate) if feed_rate != sample_rate else None
         spec = _SPECS.get(fmt)
+        if spec is not None and bit_rate:
+            spec = replace(spec, bit_rate=bit_rate)
         self.incremental = spec is None or spec.incremental
         self._sink: _Sink | io.BytesIO = _Sink() if self.incremental else io.BytesIO()
         self._av = _AvPipeline(spec, feed_rate, self._sink) if spec else None

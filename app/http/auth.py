@@ -151,9 +151,12 @@ class Authenticator:
         self._revoked[nonce] = float(expires)
 
     def presented_key(self, conn: HTTPConnection, *, query_token: bool = False) -> str | None:
-        """The valid key in `Authorization: Bearer` (or `?token=`), if one was sent."""
+        """The valid key in `Authorization: Bearer`, ElevenLabs' `xi-api-key` (or `?token=`),
+        if one was sent."""
         scheme, _, credentials = conn.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and (key := self.match(credentials.strip())):
+            return key
+        if key := self.match(conn.headers.get("xi-api-key", "").strip()):
             return key
         return self.match(conn.query_params.get("token")) if query_token else None
 

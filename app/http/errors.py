@@ -9,6 +9,7 @@ exist at the edge (keys, body size, WebSocket protocol breaches) are declared he
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -239,10 +240,27 @@ async def _on_validation(_: Request, exc: RequestValidationError) -> JSONRespons
     return _plain(400, message, param=param, code=first.get("type"))
 
 
-async def _on_voxmux(_: Request, exc: VoxMuxError) -> JSONResponse:
+Shape = Callable[[BaseException], JSONResponse]
+
+
+def shape_errors(app: FastAPI, prefixes: tuple[str, ...], respond: Shape) -> None:
+    """Errors of routes under `prefixes` in another protocol's shape (ElevenLabs')."""
+    shapes: list[tuple[tuple[str, ...], Shape]] = getattr(app.state, "error_shapes", [])
+    app.state.error_shapes = [*shapes, (prefixes, respond)]
+
+
+def _respond(request: Request, exc: BaseException) -> JSONResponse:
+    for prefixes, respond in getattr(request.app.state, "error_shapes", ()):
+        if request.scope["path"].startswith(prefixes):
+            response: JSONResponse = respond(exc)
+            return response
+    return error_response(exc)
+
+
+async def _on_voxmux(request: Request, exc: VoxMuxError) -> JSONResponse:
     if kind_of(exc).status >= 500:
         log.warning("request failed: %s", exc.message)
-    return error_response(exc)
+    return _respond(request, exc)
 
 
 def allowed_methods(app: FastAPI, path: str) -> list[str]:
@@ -263,9 +281,9 @@ async def _on_http(request: Request, exc: HTTPException) -> JSONResponse:
     return _plain(exc.status_code, str(exc.detail), headers=headers)
 
 
-async def _on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error", exc_info=exc)
-    return error_response(exc)
+    return _respond(request, exc)
 
 
 def install(app: FastAPI) -> None:

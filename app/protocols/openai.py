@@ -117,12 +117,17 @@ class JobResponse(Response):
     """A `Response` only so FastAPI passes it through; it sends everything itself."""
 
     def __init__(self, job: SpeechJob, fmt: str, body: Body, media_type: str | None = None,
-                 headers: dict[str, str] | None = None, rate: int | None = None) -> None:
-        """`media_type` None: the audio format's own; `rate`: resample the audio to it."""
+                 headers: dict[str, str] | None = None, rate: int | None = None, *,
+                 bit_rate: int | None = None,
+                 errors: Callable[[BaseException], Response] = error_response) -> None:
+        """`media_type` None: the audio format's own; `rate`: resample the audio to it;
+        `bit_rate`: a lossy codec's own; `errors`: the response for a failure before the first
+        audio (another protocol's error shape)."""
         self.status_code = 200
         self.background = None
         self.job = job
-        self._encoder = StreamEncoder(fmt, job.sample_rate, rate)
+        self._errors = errors
+        self._encoder = StreamEncoder(fmt, job.sample_rate, rate, bit_rate)
         self._content_type = media_type or content_type(fmt, self._encoder.output_sample_rate)
         self._frame = body
         self._extra_headers = headers or {}
@@ -145,7 +150,7 @@ class JobResponse(Response):
         try:
             head = await first_audio(self.job, events)
         except Exception as exc:
-            await error_response(exc)(scope, receive, send)
+            await self._errors(exc)(scope, receive, send)
             return
         named = job_headers(self.job, self._encoder.output_sample_rate) | self._extra_headers
         headers = [(b"content-type", self._content_type.encode())]
@@ -172,7 +177,7 @@ async def _prepend(head: list[JobEvent], rest: AsyncIterator[JobEvent]
         yield event
 
 
-async def _audio_bytes(job: SpeechJob, events: AsyncIterator[JobEvent], encoder: StreamEncoder
+async def audio_bytes(job: SpeechJob, events: AsyncIterator[JobEvent], encoder: StreamEncoder
                        ) -> AsyncIterator[bytes]:
     try:
         async for chunk in events:
@@ -216,7 +221,7 @@ async def _sse_events(job: SpeechJob, events: AsyncIterator[JobEvent], encoder: 
 
 
 def audio_response(job: SpeechJob, fmt: str, rate: int | None = None) -> JobResponse:
-    return JobResponse(job, fmt, _audio_bytes, rate=rate)
+    return JobResponse(job, fmt, audio_bytes, rate=rate)
 
 
 def sse_response(job: SpeechJob, fmt: str, rate: int | None = None) -> JobResponse:

@@ -19,7 +19,6 @@ The protocol carries no key: with API keys set, Wyoming listens on loopback unle
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator
@@ -45,7 +44,7 @@ from app.serving.job import SpeechJob
 from app.serving.service import SpeechService
 from app.settings import Settings
 from app.text.feed import TextFeed
-from engines.base import ModelNotFound, VoiceNotFound, VoxMuxError
+from engines.base import VoxMuxError
 from engines.signature import package_versions
 
 log = logging.getLogger(__name__)
@@ -90,20 +89,9 @@ def info(service: SpeechService) -> Info:
 
 
 def resolve(service: SpeechService, voice: SynthesizeVoice | None) -> tuple[str, str | None]:
-    """(model, voice) for a Wyoming voice."""
+    """(model, voice) for a Wyoming voice; none: `DEFAULT_MODEL`'s default."""
     name = (voice.name or "").strip() if voice is not None else ""
-    if not name:
-        return DEFAULT_MODEL, None
-    model, colon, voice_id = name.partition(":")
-    if colon:
-        return model, voice_id or None
-    with contextlib.suppress(ModelNotFound):
-        return service.registry.resolve(name).id, None
-    for handle in service.models():
-        if any(v.id == name for v in handle.engine.voices()):
-            return handle.id, name
-    raise VoiceNotFound(f"No model has a voice '{name}'; Wyoming voices are named model:voice "
-                        "(describe lists them)", param="voice")
+    return service.named_voice(name) if name else (DEFAULT_MODEL, None)
 
 
 class WyomingHandler(AsyncEventHandler):

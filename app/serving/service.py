@@ -152,6 +152,21 @@ class SpeechService:
             return voice
         return entry.voice_map[voice]
 
+    def named_voice(self, name: str) -> tuple[str, str | None]:
+        """(model, voice) for a voice named across models, as the Wyoming and ElevenLabs
+        protocols name them: `model:voice`, a model (its default voice, None here), or a voice
+        id only one model has (the first model listing it); `VoiceNotFound` otherwise."""
+        model, colon, voice = name.strip().partition(":")
+        if colon:
+            return model, voice or None
+        with contextlib.suppress(ModelNotFound):
+            return self.registry.resolve(model).id, None
+        for handle in self.registry.handles():
+            if any(v.id == model for v in handle.engine.voices()):
+                return handle.id, model
+        raise VoiceNotFound(f"No model has a voice '{name}'; name it model:voice "
+                            "(GET /v1/audio/voices lists them)", param="voice")
+
     # -- planning ----------------------------------------------------------------------------
 
     def plan(self, *, model: str, text: str, voice: str | None = None, speed: float = 1.0,

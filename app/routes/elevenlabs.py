@@ -1,0 +1,181 @@
+"""ElevenLabs' API: text to speech (whole, streamed, with character timestamps), voices, models,
+user. Served under `/elevenlabs` (an SDK's `base_url`: its `GET /v1/models` would clash with
+OpenAI's at the root) and, but for `/v1/models`, at the root too. Errors in ElevenLabs' shape;
+keys as `xi-api-key` (or `Authorization: Bearer`)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+
+from app.audio.encoders import StreamEncoder
+from app.http.auth import MESSAGE, authenticator
+from app.http.clients import client_id
+from app.http.errors import InvalidApiKey, shape_errors
+from app.protocols import elevenlabs as el
+from app.protocols.native import whole_timed
+from app.protocols.openai import JobResponse, audio_bytes, encode, warnings_header
+from app.protocols.timestamps import alignment
+from app.serving.events import JobEvent, SegmentEnd, SegmentWords
+from app.serving.job import SpeechJob
+from app.serving.service import SpeechService
+from engines.base import InvalidParameter, VoiceNotFound, WordTiming
+
+PREFIX = "/elevenlabs"
+TTS = "/v1/text-to-speech/{voice_id}"
+
+
+def _service(request: Request) -> SpeechService:
+    service: SpeechService = request.app.state.service
+    return service
+
+
+def _authorize(request: Request) -> None:
+    auth = authenticator(request)
+    if auth.guards_synthesis() and not auth.authorized(request):
+        raise InvalidApiKey(MESSAGE)
+
+
+async def _plan(request: Request, voice_id: str, *, timestamps: bool
+                ) -> tuple[SpeechJob, el.OutputFormat]:
+    _authorize(request)
+    try:
+        body = el.TextToSpeech.model_validate_json(await request.body())
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        where = ".".join(str(part) for part in problem["loc"]) or "body"
+        raise InvalidParameter(f"{where}: {problem['msg']}", param=where) from None
+    out = el.output_format(request.query_params.get("output_format"))
+    service = _service(request)
+    chosen = el.target(service, voice_id, body)
+    speed = body.voice_settings.speed if body.voice_settings and body.voice_settings.speed else 1.0
+    plan = service.plan(model=chosen.model, voice=chosen.voice, text=body.text, speed=speed,
+                        language=body.language_code, timestamps=timestamps,
+                        request_id=request.scope.get("state", {}).get("request_id"),
+                        client=client_id(request))
+    plan.warnings += chosen.warnings
+    return service.speak(plan), out
+
+
+async def convert(voice_id: str, request: Request) -> Response:
+    """The audio, in `output_format` (default mp3 44.1 kHz 128 kbps), streamed as it is made.
+    A failure before its first audio is an error in ElevenLabs' shape (`el.error`)."""
+    job, out = await _plan(request, voice_id, timestamps=False)
+    return JobResponse(job, out.fmt, audio_bytes, el.MEDIA_TYPES[out.fmt], rate=out.rate,
+                       bit_rate=out.bit_rate, errors=el.error)
+
+
+def _chunk(job: SpeechJob, audio: bytes, words: list[WordTiming], start: int,
+           end: int | None) -> dict[str, Any]:
+    aligned = alignment(job.plan.caption_text, words, start, end)
+    return {"audio_base64": base64.b64encode(audio).decode(), "alignment": aligned,
+            "normalized_alignment": aligned}
+
+
+async def convert_with_timestamps(voice_id: str, request: Request) -> Response:
+    """The whole audio as base64 with the alignment of every character sent."""
+    job, out = await _plan(request, voice_id, timestamps=True)
+    samples, words = await whole_timed(job, request)
+    encoder = StreamEncoder(out.fmt, job.sample_rate, out.rate, out.bit_rate)
+    data = await asyncio.to_thread(lambda: encoder.encode(samples) + encoder.finish())
+    headers = {"X-VoxMux-Warnings": warnings_header(job.plan.warnings)} if job.plan.warnings else {}
+    return JSONResponse(_chunk(job, data, words, 0, None), headers=headers)
+
+
+async def stream_with_timestamps(voice_id: str, request: Request) -> Response:
+    """Newline-delimited JSON: each segment's audio as it is made, with its characters."""
+    job, out = await _plan(request, voice_id, timestamps=True)
+
+    async def lines(job: SpeechJob, events: AsyncIterator[JobEvent], encoder: StreamEncoder
+                    ) -> AsyncIterator[bytes]:
+        pending, words = b"", []
+        offsets = job.plan.offsets
+        # Characters of the text aligned so far: each line aligns from there to the end of its
+        # segment, so the lines' characters joined are the text sent (spaces between included).
+        covered = 0
+        try:
+            async for event in events:
+                if isinstance(event, np.ndarray):
+                    pending += await encode(encoder, event)
+                elif isinstance(event, SegmentWords):
+                    words = list(event.words)
+                elif isinstance(event, SegmentEnd):
+                    start = offsets[event.index] if event.index < len(offsets) else 0
+                    high = job.plan.source_span(start, start + len(event.text))[1]
+                    yield _line(_chunk(job, pending, words, covered, max(covered, high)))
+                    pending, words, covered = b"", [], max(covered, high)
+            pending += await encode(encoder, None)
+        except Exception as exc:  # already a 200: the failure is the last line
+            yield _line(json.loads(bytes(el.error(exc).body)))
+            return
+        if pending or covered < len(job.plan.caption_text):
+            yield _line(_chunk(job, pending, [], covered, None))
+
+    return JobResponse(job, out.fmt, lines, "application/json", {"Cache-Control": "no-cache"},
+                       rate=out.rate, bit_rate=out.bit_rate, errors=el.error)
+
+
+def _line(body: dict[str, Any]) -> bytes:
+    return (json.dumps(body, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+
+
+async def list_voices(request: Request) -> Response:
+    _authorize(request)
+    return JSONResponse({"voices": el.voices(_service(request))})
+
+
+async def get_voice(voice_id: str, request: Request) -> Response:
+    _authorize(request)
+    service = _service(request)
+    model, voice = service.named_voice(voice_id)
+    handle = service.registry.resolve(model)
+    wanted = voice or handle.entry.default_voice
+    for found in handle.engine.voices():
+        if found.id == wanted:
+            return JSONResponse(el.voice_json(handle.id, found))
+    raise VoiceNotFound(f"No voice '{voice_id}'", param="voice_id")
+
+
+async def list_models(request: Request) -> Response:
+    _authorize(request)
+    return JSONResponse(el.models(_service(request)))
+
+
+async def get_user(request: Request) -> Response:
+    _authorize(request)
+    return JSONResponse(el.user(_service(request)))
+
+
+def _router(with_models: bool) -> APIRouter:
+    # Out of VoxMux's OpenAPI document: ElevenLabs' API reference is its contract, and its error
+    # shape is not the one that document declares for every route.
+    router = APIRouter(tags=["elevenlabs"], include_in_schema=False)
+    router.add_api_route(TTS, convert, methods=["POST"])
+    router.add_api_route(TTS + "/stream", convert, methods=["POST"])
+    router.add_api_route(TTS + "/with-timestamps", convert_with_timestamps, methods=["POST"])
+    router.add_api_route(TTS + "/stream/with-timestamps", stream_with_timestamps,
+                         methods=["POST"])
+    router.add_api_route("/v1/voices", list_voices, methods=["GET"])
+    router.add_api_route("/v1/voices/{voice_id}", get_voice, methods=["GET"])
+    router.add_api_route("/v1/user", get_user, methods=["GET"])
+    if with_models:
+        router.add_api_route("/v1/models", list_models, methods=["GET"])
+    return router
+
+
+ROOT_PATHS = ("/v1/text-to-speech/", "/v1/voices", "/v1/user")
+"""ElevenLabs' routes at the root: none of them is a path of OpenAI's or VoxMux's own."""
+
+
+def install(app: FastAPI) -> None:
+    app.include_router(_router(with_models=True), prefix=PREFIX)
+    app.include_router(_router(with_models=False))
+    shape_errors(app, (PREFIX + "/", *ROOT_PATHS), el.error)

@@ -1,0 +1,165 @@
+"""ElevenLabs' API driven by its own Python SDK (`elevenlabs`), unchanged but for `base_url`:
+convert and stream in the output formats it names (decoded by PyAV, or read raw, at exactly the
+rate named; heard by Whisper), with-timestamps and its streamed form (every character sent,
+aligned, word starts where Whisper hears them), voices, models, user, errors in its shape."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+
+import av
+import httpx
+import numpy as np
+import pytest
+from elevenlabs.client import ElevenLabs
+from elevenlabs.core.api_error import ApiError
+
+from tests.conftest import LiveServer, decode, start_server, test_settings
+from tests.hearing import hear, normalize
+
+VOICE = "hibari:heart"
+TEXT = "The kitchen lights are now off. Good night, and sleep well."
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    server = start_server(test_settings(tmp_path_factory.mktemp("elevenlabs"), preload=[],
+                                        idle_ttl=-1))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(live: LiveServer) -> ElevenLabs:
+    return ElevenLabs(api_key="not-checked-on-an-open-server", base_url=live.url + "/elevenlabs")
+
+
+def _mulaw(data: bytes) -> tuple[np.ndarray, int]:
+    with av.open(io.BytesIO(data), format="mulaw", options={"sample_rate": "8000"}) as container:
+        stream = container.streams.audio[0]
+        frames = [f.to_ndarray().astype(np.float32).reshape(-1) for f in container.decode(stream)]
+        return np.concatenate(frames) / 32768, stream.rate
+
+
+def _heard(samples: np.ndarray, rate: int) -> set[str]:
+    return set(normalize(hear(samples, rate).text))
+
+
+@pytest.mark.parametrize(("output_format", "rate"), [
+    ("mp3_44100_128", 44100), ("mp3_22050_32", 22050), ("pcm_16000", 16000),
+    ("ulaw_8000", 8000), ("opus_48000_64", 48000)])
+def test_convert_gives_the_format_named(client: ElevenLabs, output_format: str,
+                                        rate: int) -> None:
+    data = b"".join(client.text_to_speech.convert(
+        VOICE, text=TEXT, model_id="eleven_multilingual_v2", output_format=output_format))
+    if output_format.startswith("pcm"):
+        samples, got = np.frombuffer(data, "<i2").astype(np.float32) / 32768, 16000
+    elif output_format.startswith("ulaw"):
+        samples, got = _mulaw(data)
+    else:
+        clip = decode(data, output_format.split("_")[0] if "mp3" in output_format else "opus")
+        samples, got = clip.samples, clip.sample_rate
+    assert got == rate
+    assert 2.0 < len(samples) / rate < 8.0 and np.sqrt(np.mean(samples ** 2)) > 0.01
+    assert {"kitchen", "lights", "night"} <= _heard(samples, rate)
+
+
+def test_mp3_bit_rates_are_the_ones_named(client: ElevenLabs) -> None:
+    sizes = {kbps: len(b"".join(client.text_to_speech.convert(
+        VOICE, text=TEXT, output_format=f"mp3_44100_{kbps}"))) for kbps in (32, 128)}
+    assert 3.0 < sizes[128] / sizes[32] < 5.0  # four times the bits for the same audio
+
+
+def test_stream_comes_in_pieces_and_decodes(client: ElevenLabs) -> None:
+    text = " ".join([TEXT] * 4)
+    pieces = list(client.text_to_speech.stream(VOICE, text=text, output_format="mp3_44100_64"))
+    assert len(pieces) > 1
+    clip = decode(b"".join(pieces), "mp3")
+    assert clip.sample_rate == 44100 and clip.duration > 8
+
+
+def test_with_timestamps_aligns_every_character_sent(client: ElevenLabs) -> None:
+    answer = client.text_to_speech.convert_with_timestamps(VOICE, text=TEXT,
+                                                           output_format="pcm_24000")
+    samples = np.frombuffer(base64.b64decode(answer.audio_base_64), "<i2").astype(np.float32)
+    samples /= 32768
+    alignment = answer.alignment
+    assert alignment is not None and answer.normalized_alignment is not None
+    assert "".join(alignment.characters) == TEXT
+    starts, ends = alignment.character_start_times_seconds, alignment.character_end_times_seconds
+    assert starts == sorted(starts) and all(a <= b for a, b in zip(starts, ends, strict=True))
+    assert ends[-1] <= len(samples) / 24000 + 0.05
+    heard = hear(samples, 24000).words
+    for word in ("kitchen", "night"):  # a word starts where Whisper hears it
+        ours = starts[TEXT.index(word)]
+        theirs = next(w.start for w in heard if normalize(w.word) == [word])
+        assert abs(ours - theirs) < 0.3, (word, ours, theirs)
+
+
+def test_stream_with_timestamps_sends_each_segment_with_its_characters(
+        client: ElevenLabs) -> None:
+    chunks = list(client.text_to_speech.stream_with_timestamps(VOICE, text=TEXT,
+                                                               output_format="pcm_24000"))
+    aligned = [c.alignment for c in chunks if c.alignment is not None]
+    assert len(aligned) >= 2
+    assert "".join(ch for a in aligned for ch in a.characters) == TEXT  # spaces between too
+    starts = [t for a in aligned for t in a.character_start_times_seconds]
+    assert starts == sorted(starts)
+    audio = b"".join(base64.b64decode(c.audio_base_64) for c in chunks if c.audio_base_64)
+    assert len(audio) / 2 / 24000 > 2.0
+
+
+def test_voices_models_and_user(client: ElevenLabs, live: LiveServer) -> None:
+    voices = client.voices.get_all().voices
+    ids = {v.voice_id for v in voices}
+    assert {"hibari:heart", "piper:en_US-joe-medium", "espeak:en-us"} <= ids
+    assert client.voices.get("hibari:heart").name
+    models = {m.model_id for m in client.models.list()}
+    assert {"hibari", "kokoro", "piper", "espeak"} <= models
+    assert client.user.get().subscription.tier == "voxmux-local"
+    with httpx.Client(base_url=live.url) as http:  # at the root too, but for /v1/models
+        assert http.get("/v1/voices").json()["voices"]
+        assert http.get("/v1/models").json()["object"] == "list"  # OpenAI's
+
+
+def test_errors_are_in_elevenlabs_shape(client: ElevenLabs, live: LiveServer) -> None:
+    with pytest.raises(ApiError) as raised:
+        b"".join(client.text_to_speech.convert("nobody", text=TEXT))
+    assert raised.value.status_code == 400
+    assert raised.value.body["detail"]["status"] == "voice_not_found"
+    with httpx.Client(base_url=live.url) as http:
+        bad = http.post(f"/v1/text-to-speech/{VOICE}?output_format=wav_1", json={"text": "Hi."})
+        empty = http.post(f"/v1/text-to-speech/{VOICE}", json={"text": ""})
+    assert bad.status_code == 400 and "output_format" in bad.json()["detail"]["message"]
+    assert empty.status_code == 400 and empty.json()["detail"]["status"]
+
+
+def test_settings_that_cannot_apply_are_named_and_speed_applies(live: LiveServer) -> None:
+    with httpx.Client(base_url=live.url) as http:
+        plain = http.post(f"/v1/text-to-speech/{VOICE}?output_format=pcm_24000",
+                          json={"text": TEXT})
+        fast = http.post(f"/v1/text-to-speech/{VOICE}?output_format=pcm_24000", json={
+            "text": TEXT, "seed": 4, "voice_settings": {"stability": 0.5, "speed": 1.2}})
+    assert "X-VoxMux-Warnings" not in plain.headers
+    assert "seed" in fast.headers["X-VoxMux-Warnings"]
+    assert "voice_settings.stability" in fast.headers["X-VoxMux-Warnings"]
+    assert abs(len(plain.content) / len(fast.content) - 1.2) < 0.06
+
+
+def test_a_keyed_server_takes_xi_api_key(tmp_path_factory: pytest.TempPathFactory) -> None:
+    key = "el-test-key-0123456789abcdef"
+    keyed = start_server(test_settings(tmp_path_factory.mktemp("elevenlabs-keyed"), preload=[],
+                                       api_keys=[key], auth_scope="all"))
+    try:
+        body = {"text": "Hello."}
+        with httpx.Client(base_url=keyed.url) as http:
+            refused = http.post("/elevenlabs/v1/text-to-speech/espeak:en-us", json=body)
+            taken = http.post("/elevenlabs/v1/text-to-speech/espeak:en-us", json=body,
+                              headers={"xi-api-key": key})
+        assert refused.status_code == 401
+        assert refused.json()["detail"]["status"] == "invalid_api_key"
+        assert taken.status_code == 200 and decode(taken.content, "mp3").duration > 0.3
+    finally:
+        keyed.stop()
