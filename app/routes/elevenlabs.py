@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
@@ -21,9 +21,11 @@ from app.http.auth import MESSAGE, authenticator
 from app.http.clients import client_id
 from app.http.errors import InvalidApiKey, shape_errors
 from app.protocols import elevenlabs as el
+from app.protocols.elevenlabs_ws import ElevenLabsFraming, StreamInput
 from app.protocols.native import whole_timed
 from app.protocols.openai import JobResponse, audio_bytes, encode, warnings_header
 from app.protocols.timestamps import alignment
+from app.routes.ws import idle_timeout, serve
 from app.serving.events import JobEvent, SegmentEnd, SegmentWords
 from app.serving.job import SpeechJob
 from app.serving.service import SpeechService
@@ -154,6 +156,12 @@ async def get_user(request: Request) -> Response:
     return JSONResponse(el.user(_service(request)))
 
 
+async def stream_input(websocket: WebSocket, voice_id: str) -> None:
+    """Text in (LLM tokens), audio and alignment out (app.protocols.elevenlabs_ws)."""
+    await serve(websocket, ElevenLabsFraming(),
+                StreamInput(voice_id, dict(websocket.query_params), idle_timeout(websocket)))
+
+
 def _router(with_models: bool) -> APIRouter:
     # Out of VoxMux's OpenAPI document: ElevenLabs' API reference is its contract, and its error
     # shape is not the one that document declares for every route.
@@ -163,6 +171,7 @@ def _router(with_models: bool) -> APIRouter:
     router.add_api_route(TTS + "/with-timestamps", convert_with_timestamps, methods=["POST"])
     router.add_api_route(TTS + "/stream/with-timestamps", stream_with_timestamps,
                          methods=["POST"])
+    router.add_api_websocket_route(TTS + "/stream-input", stream_input)
     router.add_api_route("/v1/voices", list_voices, methods=["GET"])
     router.add_api_route("/v1/voices/{voice_id}", get_voice, methods=["GET"])
     router.add_api_route("/v1/user", get_user, methods=["GET"])

@@ -52,7 +52,7 @@ def _gate(websocket: WebSocket, service: SpeechService) -> ConnectionGate:
     return gate
 
 
-def _idle_timeout(websocket: WebSocket) -> float:
+def idle_timeout(websocket: WebSocket) -> float:
     timeout: float = websocket.app.state.settings.ws_text_idle_timeout
     return timeout
 
@@ -62,7 +62,8 @@ def _voxmux_fragment(payload: dict[str, Any]) -> Command:
     return message.text, message.type
 
 
-async def _serve(websocket: WebSocket, framing: Framing, mode: InputMode) -> None:
+async def serve(websocket: WebSocket, framing: Framing, mode: InputMode) -> None:
+    """One session of `framing` over `mode` (ElevenLabs' stream-input too)."""
     if not await authorize_websocket(websocket):
         return
     service: SpeechService = websocket.app.state.service
@@ -73,23 +74,23 @@ async def _serve(websocket: WebSocket, framing: Framing, mode: InputMode) -> Non
 
 @router.websocket("/ws/v1/tts")
 async def speech_socket(websocket: WebSocket) -> None:
-    await _serve(websocket, VoxMuxFraming(text_in=False),
+    await serve(websocket, VoxMuxFraming(text_in=False),
                  OneRequest(WsSpeechRequest, cancel_message=True))
 
 
 @router.websocket("/ws/v1/tts/text")
 async def text_socket(websocket: WebSocket) -> None:
-    await _serve(websocket, VoxMuxFraming(text_in=True),
-                 StreamedText(WsOptions, _voxmux_fragment, _idle_timeout(websocket)))
+    await serve(websocket, VoxMuxFraming(text_in=True),
+                 StreamedText(WsOptions, _voxmux_fragment, idle_timeout(websocket)))
 
 
 @router.websocket("/v1/stream")
 async def lunavox_socket(websocket: WebSocket) -> None:
-    await _serve(websocket, lunavox.LunaVoxFraming(text_in=False),
+    await serve(websocket, lunavox.LunaVoxFraming(text_in=False),
                  OneRequest(StreamRequest, cancel_message=False))
 
 
 @router.websocket("/v1/stream/text")
 async def lunavox_text_socket(websocket: WebSocket) -> None:
-    await _serve(websocket, lunavox.LunaVoxFraming(text_in=True),
-                 StreamedText(SynthOptions, lunavox.fragment, _idle_timeout(websocket)))
+    await serve(websocket, lunavox.LunaVoxFraming(text_in=True),
+                 StreamedText(SynthOptions, lunavox.fragment, idle_timeout(websocket)))

@@ -163,3 +163,35 @@ def test_a_keyed_server_takes_xi_api_key(tmp_path_factory: pytest.TempPathFactor
         assert taken.status_code == 200 and decode(taken.content, "mp3").duration > 0.3
     finally:
         keyed.stop()
+
+
+def test_stream_input_speaks_tokens_as_they_come(live: LiveServer) -> None:
+    """The stream-input WebSocket as ElevenLabs' SDK drives it (its helper wants TLS, so the
+    same messages go over a plain socket): a first sentence is heard before the text ends, each
+    sentence's characters come with its first audio, `{"isFinal": true}` ends it."""
+    import json
+
+    from websockets.sync.client import connect
+
+    url = (live.url.replace("http", "ws") + f"/elevenlabs/v1/text-to-speech/{VOICE}"
+           "/stream-input?model_id=eleven_flash_v2_5")  # mp3_44100_128, the default
+    frames: list[dict[str, object]] = []
+    with connect(url) as ws:
+        ws.send(json.dumps({"text": " ", "voice_settings": {"speed": 1.0},
+                            "generation_config": {"chunk_length_schedule": [50]}}))
+        for token in ("The kitchen ", "lights are ", "now off. ", "Good "):
+            ws.send(json.dumps({"text": token, "try_trigger_generation": True}))
+        frames.append(json.loads(ws.recv(timeout=60)))  # audio before the text is complete
+        for token in ("night, and ", "sleep well. "):
+            ws.send(json.dumps({"text": token, "try_trigger_generation": True}))
+        ws.send(json.dumps({"text": ""}))
+        while not frames[-1].get("isFinal"):
+            frames.append(json.loads(ws.recv(timeout=60)))
+    assert frames[0]["audio"] and frames[0]["alignment"]
+    audio = b"".join(base64.b64decode(str(f["audio"])) for f in frames if f.get("audio"))
+    clip = decode(audio, "mp3")  # the encoder's last frames come with isFinal
+    assert clip.sample_rate == 44100
+    assert {"kitchen", "lights", "night", "sleep"} <= _heard(clip.samples, 44100)
+    chars = "".join("".join(f["alignment"]["chars"]) for f in frames  # type: ignore[index]
+                    if f.get("alignment"))
+    assert chars.replace(" ", "") == TEXT.replace(" ", "")
