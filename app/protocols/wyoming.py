@@ -13,13 +13,20 @@ streaming) is ignored inside a stream. Failures are `error` events (a stream sti
 voice), or a voice id one model has; none: the model `tts-1` names.
 
 The protocol carries no key: with API keys set, Wyoming listens on loopback unless
-`VOXMUX_WYOMING_HOST` says otherwise (`bind_host`).
+`VOXMUX_WYOMING_HOST` says otherwise (`bind_host`). Events are read by VoxMux's own bounded reader
+(`read_event`: a header line and its data of at most 64 KiB each, no payload: a client sends only
+text): one over the bounds, or not a Wyoming event, is an `error` and the connection closes. A
+connection without a first event in `VOXMUX_WS_FIRST_MESSAGE_TIMEOUT` seconds, or silent for
+`VOXMUX_WS_TEXT_IDLE_TIMEOUT` after it, is closed (a stream's text ends there and is spoken
+first); a malformed but readable event is an `error`, and the connection goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import json
 import logging
 from collections.abc import AsyncIterator
 
@@ -44,7 +51,7 @@ from app.serving.job import SpeechJob
 from app.serving.service import SpeechService
 from app.settings import Settings
 from app.text.feed import TextFeed
-from engines.base import VoxMuxError
+from engines.base import InvalidParameter, VoxMuxError
 from engines.signature import package_versions
 
 log = logging.getLogger(__name__)
@@ -55,6 +62,49 @@ CHUNK_SAMPLES = 4096
 """Samples per `audio-chunk` (a satellite plays them as they come)."""
 WIDTH, CHANNELS = 2, 1
 ATTRIBUTION = Attribution(name="VoxMux", url="")
+
+
+MAX_EVENT_BYTES = 64 * 1024
+"""The most a header line, or its data, may hold (a `synthesize` of the longest input is far
+less); asyncio's line limit is the same."""
+
+
+class BadEvent(InvalidParameter):
+    """Not a Wyoming event VoxMux reads: the connection cannot be resynchronized after it."""
+
+
+async def read_event(reader: asyncio.StreamReader) -> Event | None:
+    """One event, None at the end of the stream; `BadEvent` for one out of bounds or not an
+    event (the `wyoming` package's reader buffers whatever length a header claims)."""
+    try:
+        line = await reader.readline()
+    except (ValueError, asyncio.LimitOverrunError):
+        raise BadEvent(f"an event header is longer than {MAX_EVENT_BYTES} bytes") from None
+    if not line:
+        return None
+    try:
+        header = json.loads(line)
+        if not isinstance(header, dict) or not isinstance(header.get("type"), str):
+            raise ValueError("no type")
+        data = header.get("data") or {}
+        length, payload = header.get("data_length") or 0, header.get("payload_length") or 0
+        if not isinstance(data, dict) or not isinstance(length, int) or not isinstance(
+                payload, int):
+            raise ValueError("bad lengths")
+    except (ValueError, RecursionError):
+        raise BadEvent("not a Wyoming event header (one JSON object with a type)") from None
+    if not 0 <= length <= MAX_EVENT_BYTES or payload != 0:
+        raise BadEvent(f"an event's data may hold at most {MAX_EVENT_BYTES} bytes and a "
+                       "client's events no payload")
+    if length:
+        try:
+            extra = json.loads(await reader.readexactly(length))
+        except (ValueError, RecursionError):
+            raise BadEvent("an event's data is not a JSON object") from None
+        if not isinstance(extra, dict):
+            raise BadEvent("an event's data is not a JSON object")
+        data = {**data, **extra}
+    return Event(type=header["type"], data=data)
 
 
 def bind_host(settings: Settings) -> str:
@@ -101,10 +151,50 @@ class WyomingHandler(AsyncEventHandler):
                  writer: asyncio.StreamWriter) -> None:
         super().__init__(reader, writer)
         self.service = service
+        self.first_timeout = service.settings.ws_first_message_timeout
+        self.idle_timeout = service.settings.ws_text_idle_timeout
         peer = writer.get_extra_info("peername")
         self.client = f"wyoming:{peer[0] if peer else 'unknown'}"
+        self._streaming = False
+        """Between `synthesize-start` and `synthesize-stop` (a failed start too: the
+        `synthesize` a streaming client sends for older servers is then not a new request)."""
         self._stream: SpeechJob | None = None
         self._speaking: asyncio.Task[None] | None = None
+        self._overflow: VoxMuxError | None = None
+        """Why the stream's text was refused (too much waiting): its error, told once."""
+
+    async def run(self) -> None:
+        """Events until the client leaves, goes quiet, or sends what is not an event."""
+        timeout = self.first_timeout  # a connection that says nothing is closed as on HTTP
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(timeout):
+                        event = await read_event(self.reader)
+                except TimeoutError:
+                    await self._stop()  # the text so far is spoken, then the connection ends
+                    break
+                if event is None or not await self._handle(event):
+                    break
+                timeout = self.idle_timeout
+        except BadEvent as exc:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await self._error(exc)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client went away mid-event
+        finally:
+            await self.disconnect()
+            self.writer.close()
+
+    async def _handle(self, event: Event) -> bool:
+        """`handle_event`, with a readable event that is not a valid one answered by `error`."""
+        try:
+            return await self.handle_event(event)
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            await self._error(InvalidParameter(f"a {event.type} event VoxMux cannot read: "
+                                               f"{type(exc).__name__} {exc}"[:300],
+                                               param="data", code="invalid_event"))
+            return True
 
     async def handle_event(self, event: Event) -> bool:
         if Describe.is_type(event.type):
@@ -112,10 +202,11 @@ class WyomingHandler(AsyncEventHandler):
         elif SynthesizeStart.is_type(event.type):
             await self._start(SynthesizeStart.from_event(event))
         elif SynthesizeChunk.is_type(event.type):
-            self._feed(SynthesizeChunk.from_event(event).text)
+            self._feed(_text(event))
         elif SynthesizeStop.is_type(event.type):
             await self._stop()
-        elif Synthesize.is_type(event.type) and self._stream is None:
+        elif Synthesize.is_type(event.type) and not self._streaming:
+            _text(event)
             await self._whole(Synthesize.from_event(event))
         return True
 
@@ -131,6 +222,7 @@ class WyomingHandler(AsyncEventHandler):
 
     async def _start(self, request: SynthesizeStart) -> None:
         await self._stop()  # a new stream ends the one before
+        self._streaming, self._overflow = True, None
         try:
             model, voice = resolve(self.service, request.voice)
             plan = self.service.plan_stream(model=model, voice=voice, client=self.client)
@@ -142,20 +234,30 @@ class WyomingHandler(AsyncEventHandler):
         self._speaking = asyncio.create_task(self._speak(self._stream, stream=True))
 
     def _feed(self, text: str) -> None:
-        if self._stream is not None and isinstance(self._stream.plan.text, TextFeed):
-            try:
-                self._stream.plan.text.feed(text)
-            except VoxMuxError as exc:  # too much text waiting: the stream ends with the error
-                log.warning("wyoming stream: %s", exc.message)
-                self._stream.cancel()
+        job = self._stream
+        if job is None or self._overflow is not None or not isinstance(job.plan.text, TextFeed):
+            return
+        try:
+            job.plan.text.feed(text)
+        except VoxMuxError as exc:  # too much text waiting: the stream ends with this error
+            self._refuse(job, exc)
+
+    def _refuse(self, job: SpeechJob, exc: VoxMuxError) -> None:
+        self._overflow = exc
+        log.warning("wyoming stream from %s: %s", self.client, exc.message)
+        job.cancel()
 
     async def _stop(self) -> None:
         """End the stream's text; wait until its audio and `synthesize-stopped` are sent."""
         job, speaking, self._stream, self._speaking = self._stream, self._speaking, None, None
+        self._streaming = False
         if job is None or speaking is None:
             return
-        if isinstance(job.plan.text, TextFeed):
-            job.plan.text.end()
+        if isinstance(job.plan.text, TextFeed) and self._overflow is None:
+            try:
+                job.plan.text.end()
+            except VoxMuxError as exc:  # the unfinished tail made it too much
+                self._refuse(job, exc)
         await speaking
 
     async def _speak(self, job: SpeechJob, stream: bool = False) -> None:
@@ -174,14 +276,14 @@ class WyomingHandler(AsyncEventHandler):
                 await self.write_event(AudioStart(job.sample_rate, WIDTH, CHANNELS).event())
             await self.write_event(AudioStop().event())
         except VoxMuxError as exc:
-            await self._error(exc)
+            await self._error(self._overflow if stream and self._overflow else exc)
         except (ConnectionError, RuntimeError):  # the client went away while it was sent
             return
         if stream:
             await self.write_event(SynthesizeStopped().event())
 
     async def _error(self, exc: VoxMuxError) -> None:
-        await self.write_event(Error(text=exc.message, code=kind_of(exc).code).event())
+        await self.write_event(Error(text=exc.message, code=exc.code or kind_of(exc).code).event())
 
     async def disconnect(self) -> None:
         """The client is gone: whatever it asked for stops."""
@@ -191,6 +293,13 @@ class WyomingHandler(AsyncEventHandler):
         if speaking is not None:
             speaking.cancel()
             await asyncio.gather(speaking, return_exceptions=True)
+
+
+def _text(event: Event) -> str:
+    text = event.data.get("text")
+    if not isinstance(text, str):
+        raise TypeError("'text' must be a string")
+    return text
 
 
 def _format(request: Synthesize) -> str | None:

@@ -40,7 +40,9 @@ READ_TIMEOUT = 60.0
 def wyoming(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, int]]:
     port = free_port()
     live = start_server(test_settings(tmp_path_factory.mktemp("wyoming"), preload=[],
-                                      idle_ttl=-1, cache_max_items=0, wyoming_port=port))
+                                      idle_ttl=-1, cache_max_items=0, wyoming_port=port,
+                                      ws_max_pending_chars=3000, ws_first_message_timeout=2,
+                                      ws_text_idle_timeout=20))
     yield live, port
     live.stop()
 
@@ -212,3 +214,96 @@ def test_a_server_with_keys_keeps_wyoming_on_loopback(tmp_path: Path) -> None:
     assert bind_host(open_server) == "0.0.0.0"
     assert bind_host(keyed) == "127.0.0.1"
     assert bind_host(keyed.model_copy(update={"wyoming_host": "0.0.0.0"})) == "0.0.0.0"
+
+
+async def _raw(port: int, *lines: bytes) -> tuple[list[Event], float]:
+    """Send raw bytes; read events until the server closes; and how long that took."""
+    from wyoming.event import async_read_event
+
+    started = time.monotonic()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    for line in lines:
+        writer.write(line)
+    await writer.drain()
+    events = []
+    while (event := await asyncio.wait_for(async_read_event(reader), READ_TIMEOUT)) is not None:
+        events.append(event)
+    writer.close()
+    return events, time.monotonic() - started
+
+
+@pytest.mark.parametrize("header", [
+    b'{"type": "synthesize", "data_length": 1000000000}\n',  # claims a gigabyte
+    b'{"type": "synthesize", "payload_length": 5000}\n',
+    b'{"type": ["synthesize"]}\n',
+    b"x" * 70_000 + b"\n",
+])
+def test_an_event_out_of_bounds_is_an_error_and_a_close(wyoming: tuple[LiveServer, int],
+                                                        header: bytes) -> None:
+    events, _ = asyncio.run(_raw(wyoming[1], header))
+    assert [e.type for e in events] == ["error"]
+    assert Error.from_event(events[0]).code == "invalid_value"
+
+
+def test_a_silent_connection_is_closed(wyoming: tuple[LiveServer, int]) -> None:
+    events, seconds = asyncio.run(_raw(wyoming[1], b'{"type": "synth'))  # half a header
+    assert events == [] and seconds < 10
+
+
+def test_a_readable_but_invalid_event_is_an_error_and_the_connection_goes_on(
+        wyoming: tuple[LiveServer, int]) -> None:
+    async def attempt() -> list[Event]:
+        async with AsyncTcpClient("127.0.0.1", wyoming[1]) as client:
+            await client.write_event(Event(type="synthesize", data={"text": 5}))
+            events = await _read(client, "error")
+            await client.write_event(Event(type="synthesize",
+                                           data={"text": "Hi.", "voice": {"name": 7}}))
+            events += await _read(client, "error")
+            await client.write_event(Describe().event())
+            return events + await _read(client, "info")
+
+    events = asyncio.run(attempt())
+    assert [e.type for e in events] == ["error", "error", "info"]
+    assert {Error.from_event(e).code for e in events[:2]} == {"invalid_event"}
+
+
+def test_a_stream_over_the_text_limit_says_so_and_ends(wyoming: tuple[LiveServer, int]) -> None:
+    """More text than may wait (3,000 characters here), by chunks or by the unfinished tail the
+    stop adds: one error naming the limit (it was 'cancelled', or no answer at all when the
+    tail did it), and `synthesize-stopped` still ends the stream."""
+    async def attempt() -> list[Event]:
+        async with AsyncTcpClient("127.0.0.1", wyoming[1]) as client:
+            await client.write_event(SynthesizeStart(
+                voice=SynthesizeVoice(name="espeak:en-us")).event())
+            for _ in range(300):  # 9,000 characters, three times the 3,000 allowed waiting
+                await client.write_event(SynthesizeChunk(text="It rains today. ").event())
+            await client.write_event(SynthesizeChunk(text="and then " * 40).event())
+            await client.write_event(SynthesizeStop().event())
+            events: list[Event] = []
+            while not events or events[-1].type != "synthesize-stopped":
+                events.append(await asyncio.wait_for(client.read_event(), READ_TIMEOUT))
+            return events
+
+    events = asyncio.run(attempt())
+    errors = [Error.from_event(e) for e in events if Error.is_type(e.type)]
+    assert [e.code for e in errors] == ["text_backlog_full"], errors
+
+
+def test_a_failed_stream_start_answers_once(wyoming: tuple[LiveServer, int]) -> None:
+    """Home Assistant's order with a voice that does not exist: one error and the stream's
+    end; its `synthesize` for older servers is not a second request."""
+    async def attempt() -> list[Event]:
+        async with AsyncTcpClient("127.0.0.1", wyoming[1]) as client:
+            voice = SynthesizeVoice(name="piper:nope")
+            await client.write_event(SynthesizeStart(voice=voice).event())
+            await client.write_event(SynthesizeChunk(text="Hello there.").event())
+            await client.write_event(Synthesize(text="Hello there.", voice=voice).event())
+            await client.write_event(SynthesizeStop().event())
+            await client.write_event(Describe().event())
+            events: list[Event] = []
+            while not events or events[-1].type != "info":
+                events.append(await asyncio.wait_for(client.read_event(), READ_TIMEOUT))
+            return events
+
+    events = asyncio.run(attempt())
+    assert [e.type for e in events] == ["error", "synthesize-stopped", "info"]
