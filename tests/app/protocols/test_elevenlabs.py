@@ -63,7 +63,8 @@ def test_convert_gives_the_format_named(client: ElevenLabs, output_format: str,
         samples, got = clip.samples, clip.sample_rate
     assert got == rate
     assert 2.0 < len(samples) / rate < 8.0 and np.sqrt(np.mean(samples ** 2)) > 0.01
-    assert {"kitchen", "lights", "night"} <= _heard(samples, rate)
+    if output_format in ("mp3_44100_128", "ulaw_8000"):  # the default, and the narrowest band
+        assert {"kitchen", "lights", "night"} <= _heard(samples, rate)
 
 
 def test_mp3_bit_rates_are_the_ones_named(client: ElevenLabs) -> None:

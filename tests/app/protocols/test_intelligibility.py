@@ -37,9 +37,12 @@ def wer(reference: str, audio: np.ndarray, rate: int) -> float:
 
 @pytest.mark.parametrize("model", list(VOICES))
 def test_served_speech_is_heard_as_well_as_the_raw_engine(server: LiveServer, model: str) -> None:
+    # Kokoro renders at about 2.5x real time here: three of the five sentences for it (the
+    # time, the phone number and the amount), the suite's time.
+    sentences = SENTENCES[:3] if model == "kokoro" else SENTENCES
     served, raw = [], []
     with server.client() as http:
-        for sentence in SENTENCES:
+        for sentence in sentences:
             response = http.post("/v1/audio/speech", json={
                 "model": model, "input": sentence, "voice": VOICES[model],
                 "response_format": "pcm"})
@@ -47,7 +50,7 @@ def test_served_speech_is_heard_as_well_as_the_raw_engine(server: LiveServer, mo
             audio = decode(response.content, "pcm", pcm_rate=24000)
             served.append(wer(sentence, audio.samples, 24000))
     engine = server.app.state.service.registry[model].engine  # loaded by the requests above
-    for sentence in SENTENCES:
+    for sentence in sentences:
         audio = engine.synthesize(SynthesisRequest(text=sentence, voice=VOICES[model]))
         raw.append(wer(sentence, audio, engine.sample_rate))
     report = {"served": [round(x, 2) for x in served], "raw": [round(x, 2) for x in raw]}
