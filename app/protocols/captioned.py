@@ -63,7 +63,8 @@ async def whole_response(job: SpeechJob, fmt: str, caption: CaptionFormat | None
                     media_type="application/json", headers=headers)
 
 
-def _line(body: dict[str, Any]) -> bytes:
+def ndjson_line(body: dict[str, Any]) -> bytes:
+    """One line of newline-delimited JSON (captioned and ElevenLabs' streamed timestamps)."""
     return (json.dumps(body, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
 
@@ -85,13 +86,13 @@ def stream_response(job: SpeechJob, fmt: str, caption: CaptionFormat | None) -> 
                 elif isinstance(event, SegmentEnd):
                     start = offsets[event.index] if event.index < len(offsets) else 0
                     low, high = job.plan.source_span(start, start + len(event.text))
-                    yield _line(_timed(job, {"audio": base64.b64encode(pending).decode(),
+                    yield ndjson_line(_timed(job, {"audio": base64.b64encode(pending).decode(),
                                              "audio_format": content_type},
                                        segment, low, high))
                     pending, segment = b"", []
             pending += await encode(encoder, None)
         except Exception as exc:  # the stream is already 200: report, never a broken socket
-            yield _line(error_body(exc))
+            yield ndjson_line(error_body(exc))
             return
         last: dict[str, Any] = {"audio": base64.b64encode(pending).decode(),
                                 "audio_format": content_type}
@@ -99,6 +100,6 @@ def stream_response(job: SpeechJob, fmt: str, caption: CaptionFormat | None) -> 
             last |= {"timestamps": [], "alignment": alignment("", [], 0, 0)}
         if caption is not None:
             last["captions"] = captions(_text(job), every, caption)
-        yield _line(last)
+        yield ndjson_line(last)
 
     return JobResponse(job, fmt, lines, MEDIA_TYPE, {"Cache-Control": "no-cache"})

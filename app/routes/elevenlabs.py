@@ -21,6 +21,7 @@ from app.http.auth import MESSAGE, authenticator
 from app.http.clients import client_id
 from app.http.errors import InvalidApiKey, shape_errors
 from app.protocols import elevenlabs as el
+from app.protocols.captioned import ndjson_line
 from app.protocols.elevenlabs_ws import ElevenLabsFraming, StreamInput
 from app.protocols.native import whole_timed
 from app.protocols.openai import JobResponse, audio_bytes, encode, warnings_header
@@ -112,21 +113,17 @@ async def stream_with_timestamps(voice_id: str, request: Request) -> Response:
                 elif isinstance(event, SegmentEnd):
                     start = offsets[event.index] if event.index < len(offsets) else 0
                     high = job.plan.source_span(start, start + len(event.text))[1]
-                    yield _line(_chunk(job, pending, words, covered, max(covered, high)))
+                    yield ndjson_line(_chunk(job, pending, words, covered, max(covered, high)))
                     pending, words, covered = b"", [], max(covered, high)
             pending += await encode(encoder, None)
         except Exception as exc:  # already a 200: the failure is the last line
-            yield _line(json.loads(bytes(el.error(exc).body)))
+            yield ndjson_line(json.loads(bytes(el.error(exc).body)))
             return
         if pending or covered < len(job.plan.caption_text):
-            yield _line(_chunk(job, pending, [], covered, None))
+            yield ndjson_line(_chunk(job, pending, [], covered, None))
 
     return JobResponse(job, out.fmt, lines, "application/json", {"Cache-Control": "no-cache"},
                        rate=out.rate, bit_rate=out.bit_rate, errors=el.error)
-
-
-def _line(body: dict[str, Any]) -> bytes:
-    return (json.dumps(body, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
 
 async def list_voices(request: Request) -> Response:
