@@ -118,11 +118,9 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
             app.state.ready.set()
             task = asyncio.create_task(fleet.watch_cancels(service.cancel))
         await runner.start()
-        wyoming = None
+        wyoming = None  # (on a cluster, `voxmux serve --ray` serves it: app.cluster.wyoming)
         if settings.wyoming_port and fleet is None:
             wyoming = await start_wyoming(service, settings)
-        elif settings.wyoming_port:
-            log.warning("Wyoming is not served on --ray yet: VOXMUX_WYOMING_PORT ignored")
         try:
             yield
         finally:
@@ -138,6 +136,7 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
     app = FastAPI(title="VoxMux", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
     app.state.service = service
+    app.state.elevenlabs_voices = catalogue.elevenlabs_voices
     app.state.runtime = runtime
     app.state.jobs = runner
     app.state.outputs = outputs

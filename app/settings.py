@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     wyoming_host: str = ""
     """Where Wyoming listens; empty: `host`, or 127.0.0.1 when API keys are set (the protocol
     carries no key)."""
+    wyoming_zeroconf: str = Field("", pattern=r"^[A-Za-z0-9][A-Za-z0-9 _-]{0,62}$|^$")
+    """Announce Wyoming over zeroconf (mDNS) under this name, as Home Assistant discovers
+    Wyoming servers; empty: no announcement. Needs the `zeroconf` extra."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log verbosity."""
     log_dir: Path | None = None

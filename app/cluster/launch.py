@@ -100,12 +100,20 @@ def serve_on_ray(settings: Settings) -> None:
     stopping = threading.Event()
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda *_: stopping.set())
+    wyoming = None
     try:
         url = deploy(settings)
+        if settings.wyoming_port:  # Serve's proxy carries no raw TCP: this process serves it
+            from app.cluster.wyoming import ClusterWyoming
+
+            wyoming = ClusterWyoming(settings)
+            wyoming.start()
         log.info("VoxMux on Ray Serve at %s (cluster and application up in %.1f s)", url,
                  time.perf_counter() - started)
         stopping.wait()
         log.info("stopping: draining the requests under way")
     finally:
+        if wyoming is not None:
+            wyoming.stop()
         stop(local=local)
     log.info("stopped")

@@ -3,16 +3,19 @@ listings' shapes, the error shape, and the with-timestamps answers (base64 audio
 character `alignment` of the text the client sent).
 
 Voice ids are VoxMux's names across models (`model:voice`, a model, or a voice id one model has;
-`SpeechService.named_voice`). `model_id` picks the model when it names one of VoxMux's and the
-voice id is a bare voice of it; ElevenLabs' own model ids (`eleven_multilingual_v2`) are
-accepted and said to be ignored. `voice_settings.speed` is the speed; the other settings, `seed`,
-request stitching and pronunciation dictionary locators do not apply and are named in
-`X-VoxMux-Warnings`. `normalized_alignment` is the same as `alignment`: VoxMux's timings always
-point into the text as sent.
+`SpeechService.named_voice`), or ElevenLabs' own premade ids through the catalogue's
+`[elevenlabs_voices]` table (`Rachel`'s `21m00Tcm4TlvDq8ikWAM` is hibari's heart). `model_id`
+picks the model when it names one of VoxMux's and the voice id is a bare voice of it;
+ElevenLabs' own model ids (`eleven_multilingual_v2`) are accepted and said to be ignored.
+`voice_settings.speed` is the speed; the other settings, `seed`, request stitching and
+pronunciation dictionary locators do not apply and are named in `X-VoxMux-Warnings`.
+`normalized_alignment` is the same as `alignment`: VoxMux's timings always point into the text
+as sent.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -21,8 +24,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.http.errors import as_voxmux, error_headers, kind_of
+from app.serving.catalogue import ElevenLabsVoice
 from app.serving.service import SpeechService
-from engines.base import InvalidParameter, ModelNotFound
+from engines.base import InvalidParameter, ModelNotFound, VoxMuxError
 
 DEFAULT_FORMAT = "mp3_44100_128"
 MP3_RATES = (22050, 24000, 44100)
@@ -134,16 +138,46 @@ def error(exc: BaseException) -> JSONResponse:
                         status_code=kind.status, headers=error_headers(exc) or None)
 
 
-def voice_json(model: str, voice: Any) -> dict[str, Any]:
+def voxmux_name(table: dict[str, ElevenLabsVoice], voice_id: str) -> str:
+    """The VoxMux voice an ElevenLabs voice id names: through the alias table, else itself."""
+    alias = table.get(voice_id.strip())
+    return alias.voice if alias is not None else voice_id
+
+
+def voice_json(model: str, voice: Any, alias: tuple[str, ElevenLabsVoice] | None = None
+               ) -> dict[str, Any]:
+    """One voice as ElevenLabs lists it; an alias under its ElevenLabs id and name, saying
+    which VoxMux voice speaks it."""
     labels = {"model": model, "language": voice.language or "", "gender": voice.gender or ""}
-    return {"voice_id": f"{model}:{voice.id}", "name": voice.name, "category": "premade",
+    voice_id, name = f"{model}:{voice.id}", voice.name
+    description = f"{voice.name} on VoxMux's {model} model"
+    if alias is not None:
+        voice_id, name = alias[0], alias[1].name
+        labels["voxmux_voice"] = alias[1].voice
+        description = f"ElevenLabs' {name}, spoken by VoxMux's {alias[1].voice}"
+    return {"voice_id": voice_id, "name": name, "category": "premade",
             "labels": {k: v for k, v in labels.items() if v},
-            "description": f"{voice.name} on VoxMux's {model} model", "preview_url": None,
+            "description": description, "preview_url": None,
             "settings": None, "available_for_tiers": [], "high_quality_base_model_ids": [model]}
 
 
-def voices(service: SpeechService) -> list[dict[str, Any]]:
-    return [voice_json(h.id, v) for h in service.models() for v in h.engine.voices()]
+def find_voice(service: SpeechService, name: str) -> tuple[str, Any] | None:
+    """(model, voice) of a VoxMux voice name, None if no model has it."""
+    model, voice = service.named_voice(name)
+    handle = service.registry.resolve(model)
+    wanted = voice or handle.entry.default_voice
+    found = next((v for v in handle.engine.voices() if v.id == wanted), None)
+    return None if found is None else (handle.id, found)
+
+
+def voices(service: SpeechService, table: dict[str, ElevenLabsVoice]) -> list[dict[str, Any]]:
+    """Every VoxMux voice, then the ElevenLabs ids whose VoxMux voice is installed."""
+    listed = [voice_json(h.id, v) for h in service.models() for v in h.engine.voices()]
+    for voice_id, alias in table.items():
+        with contextlib.suppress(VoxMuxError):
+            if (found := find_voice(service, alias.voice)) is not None:
+                listed.append(voice_json(*found, (voice_id, alias)))
+    return listed
 
 
 def models(service: SpeechService) -> list[dict[str, Any]]:
@@ -175,7 +209,8 @@ def user(service: SpeechService) -> dict[str, Any]:
             "can_extend_character_limit": False, "allowed_to_extend_character_limit": False,
             "voice_slots_used": 0, "professional_voice_slots_used": 0,
             "professional_voice_slots_used_in_workspace": 0,
-            "voice_limit": len(voices(service)), "voice_add_edit_counter": 0,
+            "voice_limit": sum(len(h.engine.voices()) for h in service.models()),
+            "voice_add_edit_counter": 0,
             "professional_voice_limit": 0, "can_extend_voice_limit": False,
             "can_use_instant_voice_cloning": False, "can_use_professional_voice_cloning": False,
             "current_overage": {"amount": "0", "currency": "usd"}, "status": "active",

@@ -19,6 +19,10 @@ text): one over the bounds, or not a Wyoming event, is an `error` and the connec
 connection without a first event in `VOXMUX_WS_FIRST_MESSAGE_TIMEOUT` seconds, or silent for
 `VOXMUX_WS_TEXT_IDLE_TIMEOUT` after it, is closed (a stream's text ends there and is spoken
 first); a malformed but readable event is an `error`, and the connection goes on.
+
+Home Assistant finds Wyoming servers over zeroconf; VoxMux announces itself only when
+`VOXMUX_WYOMING_ZEROCONF` names it (the `zeroconf` extra), since an announcement invites every
+device on the network.
 """
 
 from __future__ import annotations
@@ -26,9 +30,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import ipaddress
 import json
 import logging
+import socket
 from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
@@ -62,6 +69,7 @@ CHUNK_SAMPLES = 4096
 """Samples per `audio-chunk` (a satellite plays them as they come)."""
 WIDTH, CHANNELS = 2, 1
 ATTRIBUTION = Attribution(name="VoxMux", url="")
+ZEROCONF_TYPE = "_wyoming._tcp.local."
 
 
 MAX_EVENT_BYTES = 64 * 1024
@@ -313,9 +321,55 @@ async def _chunks(audio: AsyncIterator[np.ndarray]) -> AsyncIterator[np.ndarray]
             yield chunk[start:start + CHUNK_SAMPLES]
 
 
-async def start_server(service: SpeechService, settings: Settings) -> AsyncTcpServer:
-    """Listen for Wyoming clients (stopped with `await server.stop()`)."""
+class Listening:
+    """The Wyoming server, and its zeroconf announcement when one was asked for."""
+
+    def __init__(self, server: AsyncTcpServer, announced: Any = None) -> None:
+        self.server = server
+        self._announced = announced
+
+    async def stop(self) -> None:
+        if self._announced is not None:  # unregisters the service (mDNS goodbye)
+            await self._announced.async_close()
+        await self.server.stop()
+
+
+async def start_server(service: SpeechService, settings: Settings) -> Listening:
+    """Listen for Wyoming clients (stopped with `await listening.stop()`), announced over
+    zeroconf as `VOXMUX_WYOMING_ZEROCONF` names it (off by default)."""
     server = AsyncTcpServer(bind_host(settings), settings.wyoming_port)
     await server.start(functools.partial(WyomingHandler, service))
     log.info("Wyoming on %s:%d", server.host, server.port)
-    return server
+    try:
+        announced = await _announce(settings) if settings.wyoming_zeroconf else None
+    except BaseException:
+        await server.stop()
+        raise
+    return Listening(server, announced)
+
+
+async def _announce(settings: Settings) -> Any:
+    """Register `_wyoming._tcp.local.` (what Home Assistant's discovery looks for) under the
+    name set, at the address Wyoming listens on (the outgoing interface's for 0.0.0.0)."""
+    try:
+        from zeroconf import IPVersion
+        from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
+    except ImportError:
+        raise RuntimeError("VOXMUX_WYOMING_ZEROCONF needs the zeroconf package: "
+                           "pip install 'voxmux[zeroconf]'") from None
+    host = bind_host(settings)
+    if host in ("", "0.0.0.0"):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("224.0.0.251", 5353))  # no packet is sent: it picks the interface
+            host = probe.getsockname()[0]
+    if ipaddress.ip_address(host).is_loopback:
+        log.warning("Wyoming's zeroconf announcement names %s: only this machine can use it "
+                    "(set VOXMUX_WYOMING_HOST)", host)
+    name = settings.wyoming_zeroconf
+    zeroconf = AsyncZeroconf(ip_version=IPVersion.V4Only)
+    await zeroconf.async_register_service(AsyncServiceInfo(
+        ZEROCONF_TYPE, f"{name}.{ZEROCONF_TYPE}", addresses=[socket.inet_aton(host)],
+        port=settings.wyoming_port))
+    log.info("Wyoming announced over zeroconf as %s at %s:%d", name, host,
+             settings.wyoming_port)
+    return zeroconf

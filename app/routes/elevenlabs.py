@@ -41,6 +41,11 @@ def _service(request: Request) -> SpeechService:
     return service
 
 
+def _voxmux_name(request: Request | WebSocket, voice_id: str) -> str:
+    """The VoxMux voice for an ElevenLabs voice id (the catalogue's `[elevenlabs_voices]`)."""
+    return el.voxmux_name(request.app.state.elevenlabs_voices, voice_id)
+
+
 def _authorize(request: Request) -> None:
     auth = authenticator(request)
     if auth.guards_synthesis() and not auth.authorized(request):
@@ -58,7 +63,7 @@ async def _plan(request: Request, voice_id: str, *, timestamps: bool
         raise InvalidParameter(f"{where}: {problem['msg']}", param=where) from None
     out = el.output_format(request.query_params.get("output_format"))
     service = _service(request)
-    chosen = el.target(service, voice_id, body)
+    chosen = el.target(service, _voxmux_name(request, voice_id), body)
     speed = body.voice_settings.speed if body.voice_settings and body.voice_settings.speed else 1.0
     plan = service.plan(model=chosen.model, voice=chosen.voice, text=body.text, speed=speed,
                         language=body.language_code, timestamps=timestamps,
@@ -128,19 +133,18 @@ async def stream_with_timestamps(voice_id: str, request: Request) -> Response:
 
 async def list_voices(request: Request) -> Response:
     _authorize(request)
-    return JSONResponse({"voices": el.voices(_service(request))})
+    return JSONResponse({"voices": el.voices(_service(request),
+                                             request.app.state.elevenlabs_voices)})
 
 
 async def get_voice(voice_id: str, request: Request) -> Response:
     _authorize(request)
-    service = _service(request)
-    model, voice = service.named_voice(voice_id)
-    handle = service.registry.resolve(model)
-    wanted = voice or handle.entry.default_voice
-    for found in handle.engine.voices():
-        if found.id == wanted:
-            return JSONResponse(el.voice_json(handle.id, found))
-    raise VoiceNotFound(f"No voice '{voice_id}'", param="voice_id")
+    table = request.app.state.elevenlabs_voices
+    found = el.find_voice(_service(request), el.voxmux_name(table, voice_id))
+    if found is None:
+        raise VoiceNotFound(f"No voice '{voice_id}'", param="voice_id")
+    alias = table.get(voice_id)
+    return JSONResponse(el.voice_json(*found, None if alias is None else (voice_id, alias)))
 
 
 async def list_models(request: Request) -> Response:
@@ -156,7 +160,8 @@ async def get_user(request: Request) -> Response:
 async def stream_input(websocket: WebSocket, voice_id: str) -> None:
     """Text in (LLM tokens), audio and alignment out (app.protocols.elevenlabs_ws)."""
     await serve(websocket, ElevenLabsFraming(),
-                StreamInput(voice_id, dict(websocket.query_params), idle_timeout(websocket)))
+                StreamInput(_voxmux_name(websocket, voice_id), dict(websocket.query_params),
+                            idle_timeout(websocket)))
 
 
 def _router(with_models: bool) -> APIRouter:

@@ -5,6 +5,8 @@ It is read once at start into `ModelEntry`s; the registry then owns them (one ha
 and resolves names and aliases. `[voice_aliases]` maps voice names other servers' clients send
 (HayaKoe's `tsukuyomi`, AngeVoice's `zm_010`) to a voice id or an OpenAI voice name; it is folded
 into every model's voice map, an OpenAI name going through that model's own mapping.
+`[elevenlabs_voices]` maps ElevenLabs' premade voice ids (what its SDKs' examples and apps send)
+to a VoxMux voice (`model:voice`) and the name ElevenLabs gives it.
 """
 
 from __future__ import annotations
@@ -19,15 +21,24 @@ CREATED = 1_764_633_600  # 2025-12-02, reported as `created` for every local mod
 
 
 @dataclass(frozen=True)
+class ElevenLabsVoice:
+    name: str
+    """ElevenLabs' name for it (`Sarah`)."""
+    voice: str
+    """The VoxMux voice that speaks it: `model:voice`."""
+
+
+@dataclass(frozen=True)
 class Catalogue:
     models: dict[str, ModelEntry]
     voice_aliases: dict[str, str] = field(default_factory=dict)
+    elevenlabs_voices: dict[str, ElevenLabsVoice] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path) -> Catalogue:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
         aliases = {str(k): str(v) for k, v in data.get("voice_aliases", {}).items()}
-        return cls({
+        models = {
             model_id: ModelEntry(
                 id=model_id,
                 engine=entry["engine"],
@@ -37,7 +48,22 @@ class Catalogue:
                 voice_map=_voice_map(dict(entry.get("voices", {})), aliases),
             )
             for model_id, entry in data["models"].items()
-        }, aliases)
+        }
+        return cls(models, aliases, _elevenlabs(data.get("elevenlabs_voices", {}), models))
+
+
+def _elevenlabs(table: dict[str, dict[str, str]], models: dict[str, ModelEntry]
+                ) -> dict[str, ElevenLabsVoice]:
+    """The ElevenLabs voice ids, each checked to name a catalogue model (`model:voice`)."""
+    found = {}
+    for voice_id, entry in table.items():
+        voice = str(entry.get("voice", ""))
+        model, colon, name = voice.partition(":")
+        if not colon or not name or model not in models:
+            raise ValueError(f"catalogue: [elevenlabs_voices] {voice_id}: voice '{voice}' is not "
+                             f"model:voice with a model of the catalogue ({', '.join(models)})")
+        found[voice_id] = ElevenLabsVoice(str(entry.get("name", voice_id)), voice)
+    return found
 
 
 def _voice_map(openai_names: dict[str, str], aliases: dict[str, str]) -> dict[str, str]:

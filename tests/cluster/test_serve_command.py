@@ -1,8 +1,10 @@
 """`voxmux serve --ray` as an operator runs it: its own local cluster, no Redis, one engine
-replica; it serves, says what it would share through Redis, and stops cleanly on SIGTERM."""
+replica, Wyoming on; it serves (OpenAI's, ElevenLabs' and Wyoming's clients), says what it would
+share through Redis, and stops cleanly on SIGTERM."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -24,12 +26,13 @@ class Command:
     process: subprocess.Popen[bytes]
     url: str
     log: Path
+    wyoming: int
 
 
 @pytest.fixture(scope="module")
 def command(ray_available: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Command]:
     tmp = tmp_path_factory.mktemp("serve")
-    port = free_port()
+    port, wyoming = free_port(), free_port()
     env = {name: value for name, value in os.environ.items()
            if not name.startswith(("VOXMUX_", "RAY_ADDRESS"))}
     env.update({
@@ -37,6 +40,7 @@ def command(ray_available: None, tmp_path_factory: pytest.TempPathFactory) -> It
         "VOXMUX_MODELS_DIR": str(tmp / "models"), "VOXMUX_CREDENTIALS_DIR": str(tmp / "keys"),
         "VOXMUX_RAY_CPUS": "2", "VOXMUX_RAY_OBJECT_STORE_BYTES": str(OBJECT_STORE),
         "VOXMUX_RAY_ENGINE_CPUS": "0.5", "VOXMUX_RAY_INGRESS_CPUS": "0",
+        "VOXMUX_WYOMING_PORT": str(wyoming),
     })
     log = tmp / "voxmux.log"
     with log.open("wb") as out:
@@ -47,7 +51,7 @@ def command(ray_available: None, tmp_path_factory: pytest.TempPathFactory) -> It
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, replicas=1)
-        yield Command(process, url, log)
+        yield Command(process, url, log, wyoming)
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
@@ -72,6 +76,45 @@ def test_it_serves_without_redis_and_says_what_redis_would_share(command: Comman
     assert response.status_code == 200, response.text
     audio = decode(response.content, "wav")
     assert audio.duration > 1 and audio.rms > 0.01
+
+
+def test_wyoming_and_elevenlabs_clients_are_served_on_the_cluster(command: Command) -> None:
+    """Home Assistant's Wyoming client (served by the command's own process, rendering on the
+    engine replica) and ElevenLabs' SDK (through the ingress) get the single process's audio:
+    the same samples the OpenAI route gives for the same voice."""
+    from elevenlabs.client import ElevenLabs
+    from wyoming.audio import AudioChunk, AudioStart, AudioStop
+    from wyoming.client import AsyncTcpClient
+    from wyoming.event import Event
+    from wyoming.info import Describe, Info
+    from wyoming.tts import Synthesize, SynthesizeVoice
+
+    text = "The porch light is on."
+
+    async def wyoming() -> tuple[Info, list[Event]]:
+        async with AsyncTcpClient("127.0.0.1", command.wyoming) as client:
+            await client.write_event(Describe().event())
+            info = Info.from_event(await asyncio.wait_for(client.read_event(), 60))
+            await client.write_event(Synthesize(
+                text=text, voice=SynthesizeVoice(name="hibari:heart")).event())
+            events = []
+            while not events or not AudioStop.is_type(events[-1].type):
+                events.append(await asyncio.wait_for(client.read_event(), 120))
+            return info, events
+
+    info, events = asyncio.run(wyoming())
+    assert "hibari:heart" in {v.name for p in info.tts for v in p.voices}
+    start = AudioStart.from_event(events[0])
+    heard = b"".join(AudioChunk.from_event(e).audio for e in events if e.type == "audio-chunk")
+    with httpx.Client(base_url=command.url, timeout=120) as http:
+        openai = http.post("/v1/audio/speech", json={
+            "model": "hibari", "input": text, "response_format": "pcm"})
+    assert start.rate == int(openai.headers["x-sample-rate"]) == 24000
+    assert heard == openai.content and len(heard) / 2 / 24000 > 0.8
+    eleven = ElevenLabs(api_key="open-server", base_url=command.url + "/elevenlabs")
+    pcm = b"".join(eleven.text_to_speech.convert("21m00Tcm4TlvDq8ikWAM", text=text,
+                                                 output_format="pcm_24000"))
+    assert pcm == openai.content  # Rachel is hibari's heart (config/models.toml)
 
 
 def test_sigterm_drains_the_stream_under_way_and_stops_cleanly(command: Command) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 from collections.abc import Iterator
+from pathlib import Path
 
 import av
 import httpx
@@ -123,6 +124,36 @@ def test_voices_models_and_user(client: ElevenLabs, live: LiveServer) -> None:
     with httpx.Client(base_url=live.url) as http:  # at the root too, but for /v1/models
         assert http.get("/v1/voices").json()["voices"]
         assert http.get("/v1/models").json()["object"] == "list"  # OpenAI's
+
+
+RACHEL, ADAM = "21m00Tcm4TlvDq8ikWAM", "pNInz6obpgDQGcFmaJgB"
+
+
+def test_elevenlabs_premade_ids_speak_through_the_catalogue_table(client: ElevenLabs) -> None:
+    """Apps written against ElevenLabs send its premade ids: Rachel is hibari's heart, Adam is
+    Piper's joe (config/models.toml), sample for sample, on every route that takes a voice id."""
+    def pcm(voice_id: str) -> bytes:
+        return b"".join(client.text_to_speech.convert(voice_id, text=TEXT,
+                                                      output_format="pcm_22050"))
+    rachel, adam = pcm(RACHEL), pcm(ADAM)
+    assert rachel == pcm("hibari:heart") and adam == pcm("piper:en_US-joe-medium")
+    assert rachel != adam
+    listed = {v.voice_id: v for v in client.voices.get_all().voices}
+    assert listed[RACHEL].name == "Rachel" and listed[ADAM].name == "Adam"
+    assert listed[RACHEL].labels["voxmux_voice"] == "hibari:heart"
+    assert client.voices.get(RACHEL).name == "Rachel"
+
+
+def test_a_catalogue_alias_to_no_model_is_refused_at_start(tmp_path: Path) -> None:
+    from app.serving.catalogue import Catalogue
+
+    text = Path("config/models.toml").read_text(encoding="utf-8")
+    path = tmp_path / "models.toml"
+    path.write_text(text.replace('voice = "hibari:heart" }', 'voice = "nobody:heart" }', 1),
+                    encoding="utf-8")
+    with pytest.raises(ValueError, match=r"21m00Tcm4TlvDq8ikWAM.*nobody:heart"):
+        Catalogue.load(path)
+    assert Catalogue.load(Path("config/models.toml")).elevenlabs_voices[RACHEL].name == "Rachel"
 
 
 def test_errors_are_in_elevenlabs_shape(client: ElevenLabs, live: LiveServer) -> None:

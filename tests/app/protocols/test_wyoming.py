@@ -6,6 +6,7 @@ the same request (the audio cache is off, so both are rendered) and heard by Whi
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +35,7 @@ from tests.conftest import LiveServer, free_port, start_server, test_settings
 from tests.hearing import hear, normalize
 
 READ_TIMEOUT = 60.0
+ZEROCONF_NAME = f"voxmux-test-{os.getpid()}"
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +44,8 @@ def wyoming(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServ
     live = start_server(test_settings(tmp_path_factory.mktemp("wyoming"), preload=[],
                                       idle_ttl=-1, cache_max_items=0, wyoming_port=port,
                                       ws_max_pending_chars=3000, ws_first_message_timeout=2,
-                                      ws_text_idle_timeout=20))
+                                      ws_text_idle_timeout=20,
+                                      wyoming_zeroconf=ZEROCONF_NAME))
     yield live, port
     live.stop()
 
@@ -93,6 +96,29 @@ def test_describe_lists_every_models_voices(wyoming: tuple[LiveServer, int]) -> 
         listed = http.get("/v1/audio/voices").json()
     count = len(listed["data"] if isinstance(listed, dict) else listed)
     assert len(voices) == count  # every voice the API lists
+
+
+def test_zeroconf_announces_it_as_home_assistant_looks_for_it(
+        wyoming: tuple[LiveServer, int]) -> None:
+    """Home Assistant's discovery asks for `_wyoming._tcp.local.` services: the announcement
+    names the name set and the port Wyoming listens on (loopback here: VOXMUX_HOST)."""
+    from zeroconf import IPVersion
+    from zeroconf.asyncio import AsyncZeroconf
+
+    from app.protocols.wyoming import ZEROCONF_TYPE
+
+    async def look() -> object:
+        browser = AsyncZeroconf(ip_version=IPVersion.V4Only)
+        try:
+            return await browser.async_get_service_info(
+                ZEROCONF_TYPE, f"{ZEROCONF_NAME}.{ZEROCONF_TYPE}", timeout=5000)
+        finally:
+            await browser.async_close()
+
+    found = asyncio.run(look())
+    assert found is not None, "no zeroconf announcement"
+    assert found.port == wyoming[1]  # type: ignore[attr-defined]
+    assert found.parsed_addresses() == ["127.0.0.1"]  # type: ignore[attr-defined]
 
 
 def test_synthesize_as_home_assistant_does(wyoming: tuple[LiveServer, int]) -> None:
