@@ -177,6 +177,10 @@ class Settings(BaseSettings):
     """Seconds the load must stay above target before a replica is added."""
     ray_engine_downscale_delay: float = Field(120, ge=0)
     """Seconds the load must stay below target before a replica is removed."""
+    ray_router_max_backoff: float = Field(0.05, gt=0, le=5)
+    """Seconds at most between Serve's tries to place a waiting request on an engine replica
+    with room (its router polls the replicas' queues; Serve's default is 0.5 s, idle engine time
+    between one request and the next at low concurrency)."""
     ray_engine_autoscaling: dict[str, float] = {}
     """Further fields of Serve's `autoscaling_config` for the engine deployment, e.g.
     `VOXMUX_RAY_ENGINE_AUTOSCALING__LOOK_BACK_PERIOD_S=10`."""

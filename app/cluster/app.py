@@ -8,7 +8,8 @@ Serve admits and queues; the replicas only render. An engine replica runs `concu
 sessions at once (Serve's `max_ongoing_requests`), requests beyond wait in Serve's queue in front
 of the replicas, up to `queue_size` per ingress replica (`max_queued_requests`), and one more is a
 429 with `Retry-After`. Serve sends a model's requests to the replicas holding it while they have
-room, then places it on another replica, and its autoscaling adds engine replicas while requests
+room, then places it on another replica (a waiting request is tried again at most
+`ray_router_max_backoff` seconds apart), and its autoscaling adds engine replicas while requests
 wait (up to `ray_engine_max_replicas`) and removes them when the load has gone. A model with
 resources of its own (`ray_model_resources`: a GPU, a node's custom resource) has an engine
 deployment of its own whose replicas Ray places only where those resources are.
@@ -67,7 +68,10 @@ def build(settings: Settings, *, engine_options: dict[str, Any] | None = None,
             **engine_scaling(settings),
             "max_ongoing_requests": settings.concurrency,
             "max_queued_requests": settings.queue_size,
-            "ray_actor_options": {"num_cpus": settings.ray_engine_cpus, "resources": resources},
+            "request_router_config": {
+                "initial_backoff_s": min(0.025, settings.ray_router_max_backoff),
+                "max_backoff_s": settings.ray_router_max_backoff},
+            "ray_actor_options": actor_resources(settings.ray_engine_cpus, resources),
             **(engine_options or {}),
         }).bind(settings, models)
 
@@ -82,6 +86,16 @@ def build(settings: Settings, *, engine_options: dict[str, Any] | None = None,
         **(ingress_options or {}),
     }).bind(settings, engines, pinned)
     return ingress
+
+
+def actor_resources(cpus: float, resources: dict[str, float]) -> dict[str, Any]:
+    """Ray's actor options for an engine replica: `CPU` and `GPU` are its `num_cpus` and
+    `num_gpus` (Ray refuses them among `resources`), the rest custom resources."""
+    custom = dict(resources)
+    options: dict[str, Any] = {"num_cpus": custom.pop("CPU", cpus), "resources": custom}
+    if "GPU" in custom:
+        options["num_gpus"] = custom.pop("GPU")
+    return options
 
 
 def placed_name(model: str) -> str:

@@ -15,6 +15,7 @@ import yaml
 
 from app.cluster.app import build_app, engine_scaling
 from app.settings import Settings
+from tests.conftest import test_settings
 
 RAY = Path(__file__).resolve().parents[2] / "docker" / "ray"
 
@@ -71,3 +72,21 @@ def test_rayservice_names_the_builder_and_autoscales_what_its_workers_hold(
     assert fits >= scaling["max_replicas"]
     assert cluster["rayVersion"] == importlib.metadata.version("ray")
     assert build_app(dict(application["args"])) is not None  # builds without a cluster
+
+
+def test_engine_deployments_ask_serve_for_a_short_routing_backoff_and_gpus(tmp_path: Path) -> None:
+    """A request waiting for an engine replica is tried again within
+    `VOXMUX_RAY_ROUTER_MAX_BACKOFF` (Serve's own 0.5 s leaves a replica idle between requests;
+    bench/results/ray.json measures the effect)."""
+    from app.cluster.app import build
+
+    settings = test_settings(tmp_path, ray_router_max_backoff=0.04,
+                             ray_model_resources={"piper": {"GPU": 1}})
+    ingress = build(settings)._bound_deployment
+    engines, placed = ingress.init_args[1], ingress.init_args[2]
+    for app in (engines, placed["piper"]):
+        config = app._bound_deployment._deployment_config.request_router_config
+        assert (config.initial_backoff_s, config.max_backoff_s) == (0.025, 0.04)
+    # A model placed on a GPU asks Ray for it as `num_gpus` (Ray refuses `GPU` in `resources`).
+    options = placed["piper"]._bound_deployment.ray_actor_options
+    assert options["num_gpus"] == 1 and "GPU" not in options["resources"]
