@@ -207,7 +207,11 @@ class Settings(BaseSettings):
     """Hours a finished (done, failed, cancelled) job and its files are kept; 0 keeps them until
     deleted (`DELETE /v1/audio/jobs/{id}`)."""
     jobs_concurrency: int = Field(1, ge=1)
-    """Jobs rendered at once (the others wait, queued); each renders one segment at a time."""
+    """Jobs rendered at once (the others wait, queued)."""
+    jobs_parallel: int = Field(0, ge=0, le=64)
+    """Parts of a job's chapter rendered at once, each a run of its segments; 0: one in a
+    single process (segments in order, one engine call at a time), one per engine replica
+    running on a cluster (Serve spreads the parts over the replicas)."""
     jobs_max_chars: int = Field(5_000_000, gt=0)
     """Longest text a job takes (a long novel is about a million characters)."""
     jobs_max_request_bytes: int = Field(64 * 1024 * 1024, gt=0)

@@ -23,6 +23,7 @@ import logging
 import sqlite3
 import time
 import uuid
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -252,11 +253,12 @@ class JobRunner:
         tries = 0
         while True:
             segments = self.store.segments(job.id, item.index)
-            start = next((s.part for s in segments if s.samples is None), None)
-            if start is None:
+            windows = _windows(segments, await self._at_once())
+            if not windows:
                 return
             try:
-                await self._render(job, item, segments, start, run)
+                await _all(self._render(job, item, segments, start, end, run)
+                           for start, end in windows)
                 return
             except (Overloaded, RequestTimeout) as exc:
                 wait = RETRY_SECONDS[min(tries, len(RETRY_SECONDS) - 1)]
@@ -271,12 +273,24 @@ class JobRunner:
                 self.store.set_item(job.id, item.index, error=error_body(exc)["error"])
                 return
 
+    async def _at_once(self) -> int:
+        """Parts of an item rendered at once: `jobs_parallel`, or by default one in a single
+        process and one per engine replica running now on a cluster (Serve routes each part
+        to a replica with room)."""
+        if self.settings.jobs_parallel:
+            return self.settings.jobs_parallel
+        fleet = self.service.fleet
+        return 1 if fleet is None else max(1, len(await fleet.replicas()))
+
     async def _render(self, job: Job, item: Item, segments: list[Segment], start: int,
-                      run: _Run) -> None:
+                      end: int, run: _Run) -> None:
+        """Segments `start` to `end` of the item: a plan cut where the job cut it, ending at
+        `end` (the pause before a segment is its own, so a part joins as the whole would)."""
+        part = f"-{start}" if end < len(segments) or start else ""
         plan = self.service.plan_long(
             **item.options.plan_fields(), text=item.text,
-            segments=[s.text for s in segments], offsets=[s.offset for s in segments],
-            request_id=f"{job.id}-{item.index + 1:03d}", client=f"job:{job.owner}",
+            segments=[s.text for s in segments[:end]], offsets=[s.offset for s in segments[:end]],
+            request_id=f"{job.id}-{item.index + 1:03d}{part}", client=f"job:{job.owner}",
             start=start)
         rate = plan.sample_rate
         clock = 0
@@ -310,3 +324,34 @@ class JobRunner:
                     log.info("job %s: deleted after %g h (VOXMUX_JOBS_RETENTION_HOURS)",
                              job_id, hours)
             await asyncio.sleep(min(3600.0, max(60.0, hours * 3600)))
+
+
+def _windows(segments: list[Segment], at_once: int) -> list[tuple[int, int]]:
+    """The item's segments still to render, as (start, end) parts: one part from the first
+    missing to the end when one at a time; else each run of missing segments cut into about
+    `at_once` parts of equal length."""
+    missing = [s.part for s in segments if s.samples is None]
+    if not missing:
+        return []
+    if at_once <= 1:
+        return [(missing[0], len(segments))]
+    size = -(-len(missing) // at_once)
+    runs: list[tuple[int, int]] = []
+    for part in missing:
+        if runs and runs[-1][1] == part and runs[-1][1] - runs[-1][0] < size:
+            runs[-1] = (runs[-1][0], part + 1)
+        else:
+            runs.append((part, part + 1))
+    return runs
+
+
+async def _all(renders: Iterable[Coroutine[Any, Any, None]]) -> None:
+    """Run the parts together; the first failure cancels the others and is raised as it is."""
+    tasks = [asyncio.ensure_future(render) for render in renders]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import srt
 import webvtt
@@ -182,3 +183,51 @@ def test_jobs_segment_chars_bounds_a_job_segment(espeak_server: LiveServer,
     short = service.plan_long(model="espeak", text=text).segments
     assert max(map(len, whole)) > 300 and max(map(len, short)) <= 120
     assert " ".join(short).split() == text.split()
+
+
+def test_a_chapter_rendered_in_parts_at_once_is_the_chapter_rendered_in_order(
+        espeak_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`jobs_parallel` (on a cluster: one part per engine replica) renders a chapter's segments
+    as parts at once; each part's plan ends where the part does, and the chapter joins sample
+    for sample as the one rendered in order does (eSpeak NG is deterministic)."""
+    runner = espeak_server.app.state.jobs
+    service = runner.service
+    monkeypatch.setattr(service.settings, "jobs_segment_chars", 120)
+    text = PARAGRAPH * 12
+    starts: list[int] = []
+    plan_long = service.plan_long
+
+    def spied(**fields: object) -> object:
+        starts.append(int(fields.get("start", 0)))  # type: ignore[call-overload]
+        return plan_long(**fields)
+
+    monkeypatch.setattr(service, "plan_long", spied)
+    audio = {}
+    with espeak_server.client(headers=KEY_A) as client:
+        for parallel in (1, 3):
+            monkeypatch.setattr(runner.settings, "jobs_parallel", parallel)
+            starts.clear()
+            job = make_job(client, input=text, response_format="wav")
+            done = wait_job(client, str(job["id"]))
+            assert done["status"] == "done", done
+            audio[parallel] = decode(client.get(done["chapters"][0]["audio"]).content, "wav")
+            parts = sorted(starts[1:])  # the first plan_long cut the job when it was made
+            assert len(parts) == (1 if parallel == 1 else 3), starts
+    assert audio[1].duration > 10
+    assert np.array_equal(audio[1].samples, audio[3].samples)
+
+
+@pytest.mark.parametrize(("done", "at_once", "parts"), [
+    ([], 1, [(0, 10)]),
+    ([0, 1], 1, [(2, 10)]),
+    ([], 3, [(0, 4), (4, 8), (8, 10)]),
+    ([0, 1, 5], 2, [(2, 5), (6, 10)]),
+    (list(range(10)), 4, []),
+])
+def test_a_chapters_missing_segments_are_cut_into_parts(done: list[int], at_once: int,
+                                                        parts: list[tuple[int, int]]) -> None:
+    from app.jobs.model import Segment
+    from app.jobs.runner import _windows
+
+    segments = [Segment(n, 0, n, "x", 0, 100 if n in done else None) for n in range(10)]
+    assert _windows(segments, at_once) == parts
