@@ -249,12 +249,19 @@ def shape_errors(app: FastAPI, prefixes: tuple[str, ...], respond: Shape) -> Non
     app.state.error_shapes = [*shapes, (prefixes, respond)]
 
 
-def _respond(request: Request, exc: BaseException) -> JSONResponse:
-    for prefixes, respond in getattr(request.app.state, "error_shapes", ()):
-        if request.scope["path"].startswith(prefixes):
+def shaped_response(scope: Any, exc: BaseException) -> JSONResponse:
+    """The error answer for a request to `scope`'s path: another protocol's shape under its
+    prefixes (`shape_errors`), else OpenAI's."""
+    state = getattr(scope.get("app"), "state", None)
+    for prefixes, respond in getattr(state, "error_shapes", ()):
+        if scope["path"].startswith(prefixes):
             response: JSONResponse = respond(exc)
             return response
     return error_response(exc)
+
+
+def _respond(request: Request, exc: BaseException) -> JSONResponse:
+    return shaped_response(request.scope, exc)
 
 
 async def _on_voxmux(request: Request, exc: VoxMuxError) -> JSONResponse:
@@ -278,6 +285,9 @@ async def _on_http(request: Request, exc: HTTPException) -> JSONResponse:
     if exc.status_code == 405 and headers is not None:
         # Starlette names the methods of the first route whose path matches, not all of them.
         headers["Allow"] = ", ".join(allowed_methods(request.app, request.scope["path"]))
+    if any(request.scope["path"].startswith(prefixes)
+           for prefixes, _ in getattr(request.app.state, "error_shapes", ())):
+        return _respond(request, HTTPException(exc.status_code, str(exc.detail), headers))
     return _plain(exc.status_code, str(exc.detail), headers=headers)
 
 

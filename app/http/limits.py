@@ -22,7 +22,7 @@ import logging
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.http.errors import ClientTooSlow, RequestTooLarge, error_response
+from app.http.errors import ClientTooSlow, RequestTooLarge, shaped_response
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class BodyLimitMiddleware:
         limit = self.larger.get(scope["path"], self.max_bytes)
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > limit:
-            await error_response(RequestTooLarge(limit))(scope, receive, send)
+            await shaped_response(scope, RequestTooLarge(limit))(scope, receive, send)
             return
         received = 0
 

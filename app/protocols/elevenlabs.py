@@ -22,6 +22,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
 
 from app.http.errors import as_voxmux, error_headers, kind_of
 from app.serving.catalogue import ElevenLabsVoice
@@ -46,7 +47,7 @@ def output_format(name: str | None) -> OutputFormat:
     """`mp3_44100_128`, `pcm_16000`, `ulaw_8000`, `opus_48000_64`... as exactly that rate and
     encoding; anything else is a 400 naming what is accepted."""
     name = name or DEFAULT_FORMAT
-    match = re.fullmatch(r"(mp3|pcm|ulaw|opus)_(\d+)(?:_(\d+))?", name)
+    match = re.fullmatch(r"(mp3|pcm|ulaw|opus)_([1-9][0-9]{3,5})(?:_([1-9][0-9]{1,2}))?", name)
     if match is not None:
         codec, rate, kbps = match[1], int(match[2]), int(match[3]) if match[3] else None
         if codec == "mp3" and rate in MP3_RATES and kbps in KBPS:
@@ -62,6 +63,8 @@ def output_format(name: str | None) -> OutputFormat:
         f"pcm_<{'|'.join(map(str, PCM_RATES))}>, ulaw_8000, opus_48000_<kbps> "
         f"(kbps {', '.join(map(str, KBPS))})", param="output_format")
 
+
+HTTP_STATUS = {404: "not_found", 405: "method_not_allowed"}
 
 MEDIA_TYPES = {"mp3": "audio/mpeg", "pcm": "audio/pcm", "ulaw": "audio/basic", "opus": "audio/ogg"}
 
@@ -123,6 +126,9 @@ def target(service: SpeechService, voice_id: str, body: TextToSpeech) -> Target:
         else:
             if ":" not in voice_id and named != model:
                 model, voice = named, voice_id
+            elif named != model:
+                warnings.append(f"model_id '{body.model_id}' ignored: voice '{voice_id}' is "
+                                f"{model}'s")
     unused = body.unused()
     if unused:
         warnings.append(f"{', '.join(unused)} ignored: VoxMux has no such control")
@@ -130,7 +136,12 @@ def target(service: SpeechService, voice_id: str, body: TextToSpeech) -> Target:
 
 
 def error(exc: BaseException) -> JSONResponse:
-    """ElevenLabs' error shape: `{"detail": {"status", "message"}}`."""
+    """ElevenLabs' error shape: `{"detail": {"status", "message"}}` (the framework's own 404
+    and 405 too)."""
+    if isinstance(exc, HTTPException) and not isinstance(exc, VoxMuxError):
+        status = HTTP_STATUS.get(exc.status_code, "error")
+        return JSONResponse({"detail": {"status": status, "message": str(exc.detail)}},
+                            status_code=exc.status_code, headers=exc.headers)
     failure = as_voxmux(exc)
     kind = kind_of(failure)
     return JSONResponse({"detail": {"status": failure.code or kind.code,

@@ -22,7 +22,8 @@ from fastapi import WebSocket
 from pydantic import BaseModel, ConfigDict
 
 from app.audio.encoders import StreamEncoder
-from app.http.errors import as_voxmux, kind_of
+from app.http.auth import MESSAGE, Authenticator
+from app.http.errors import InvalidApiKey, as_voxmux, kind_of
 from app.protocols import elevenlabs as el
 from app.protocols.timestamps import alignment
 from app.protocols.websocket import AudioOut, Closing, Progress, Session
@@ -54,17 +55,25 @@ class Options(BaseModel):
 
 
 class StreamInput:
-    """The input mode: text messages until `{"text": ""}`."""
+    """The input mode: text messages until `{"text": ""}`. `sent` is every character of text
+    the client sent, in order (the alignment's characters come from it)."""
 
-    def __init__(self, voice_id: str, query: dict[str, str], idle_timeout: float) -> None:
+    def __init__(self, voice_id: str, query: dict[str, str], idle_timeout: float, *,
+                 key_check: Authenticator | None = None) -> None:
         self.voice_id = voice_id
         self.query = query
         self.idle_timeout: float | None = idle_timeout
+        self.key_check = key_check
+        """Set when no key came with the handshake: the first message must carry one."""
+        self.sent = ""
         self._pending = ""
 
     async def open(self, session: Session) -> tuple[BaseModel, str | None]:
         first = await session.first(BeginningOfStream)
+        if self.key_check is not None and not self.key_check.match(first.xi_api_key):
+            raise InvalidApiKey(MESSAGE)
         self._pending = first.text if first.text.strip() else ""
+        self.sent = self._pending
         return Options(voice_id=self.voice_id, model_id=self.query.get("model_id"),
                        output_format=self.query.get("output_format"),
                        language_code=self.query.get("language_code"), first=first), None
@@ -76,20 +85,29 @@ class StreamInput:
         if not isinstance(text, str):
             raise InvalidParameter("each message needs 'text' (a string; \"\" ends the text)",
                                    param="text")
-        if self._pending:
-            feed.feed(self._pending)
-            self._pending = ""
-        if text == "":
+        if feed.ended:
+            raise InvalidParameter("the text has ended ({\"text\": \"\"} was sent): no more "
+                                   "text is taken on this socket", param="text")
+        self._feed_pending(feed)
+        flush = payload.get("flush") is True
+        if text == "" and not flush:
             feed.end()
             return
+        self.sent += text
         feed.feed(text)
-        if payload.get("flush") is True:
+        if flush:
             feed.flush()
 
     def quiet(self, job: SpeechJob) -> None:
         feed = job.plan.text
         assert isinstance(feed, TextFeed)
+        self._feed_pending(feed)  # a first message's text, then silence: it is spoken
         feed.end()
+
+    def _feed_pending(self, feed: TextFeed) -> None:
+        if self._pending:
+            feed.feed(self._pending)
+            self._pending = ""
 
 
 def _ms(seconds: float) -> int:
@@ -111,7 +129,10 @@ class _EncodedOut(AudioOut):
 class ElevenLabsFraming:
     text_in = True
 
-    def __init__(self) -> None:
+    def __init__(self, source: StreamInput) -> None:
+        self._source = source
+        self._cursor = 0
+        """How much of the text sent the alignment has covered."""
         self._out: _EncodedOut | None = None
         self._format = el.output_format(None)
         self._alignment: dict[str, list[Any]] | None = None
@@ -150,6 +171,15 @@ class ElevenLabsFraming:
         chars = alignment(words.text, words.words)
         starts = chars["character_start_times_seconds"]
         ends = chars["character_end_times_seconds"]
+        # The sentence is a stretch of the text sent, less the spaces around it: those before
+        # it (after the last sentence) lead its characters, at its first character's time.
+        sent, found = self._source.sent, self._source.sent.find(words.text, self._cursor)
+        if found >= 0 and not sent[self._cursor:found].strip():
+            gap = sent[self._cursor:found]
+            chars["characters"][:0] = list(gap)
+            starts[:0] = [starts[0] if starts else 0.0] * len(gap)
+            ends[:0] = [starts[0] if starts else 0.0] * len(gap)
+            self._cursor = found + len(words.text)
         self._alignment = {"chars": chars["characters"],
                            "charStartTimesMs": [_ms(s) for s in starts],
                            "charsDurationsMs": [_ms(e - s) for s, e in zip(starts, ends,

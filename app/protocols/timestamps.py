@@ -35,10 +35,11 @@ def kokoro_word(word: WordTiming) -> dict[str, Any]:
     return {"word": word.word, "start_time": _ms(word.start), "end_time": _ms(word.end)}
 
 
-def alignment(text: str, words: Sequence[WordTiming], start: int = 0, end: int | None = None
-              ) -> dict[str, list[Any]]:
+def alignment(text: str, words: Sequence[WordTiming], start: int = 0, end: int | None = None,
+              after: float = 0.0) -> dict[str, list[Any]]:
     """ElevenLabs-style alignment of `text[start:end]`: every character, the ones inside a word
-    timed along its phonemes, spaces and punctuation between words spanning the gap."""
+    timed along its phonemes, spaces and punctuation between words spanning the gap; with no
+    words, every character at `after` (the end of what came before)."""
     end = len(text) if end is None else end
     times: dict[int, tuple[float, float]] = {}
     for word in words:
@@ -48,7 +49,7 @@ def alignment(text: str, words: Sequence[WordTiming], start: int = 0, end: int |
     starts: list[float] = []
     ends: list[float] = []
     ordered = sorted(words, key=lambda w: w.char_start)
-    clock = ordered[0].start if ordered else 0.0
+    clock = ordered[0].start if ordered else after
     following = iter(ordered)
     upcoming = next(following, None)
     for i in range(start, end):

@@ -65,10 +65,16 @@ async def _plan(request: Request, voice_id: str, *, timestamps: bool
     service = _service(request)
     chosen = el.target(service, _voxmux_name(request, voice_id), body)
     speed = body.voice_settings.speed if body.voice_settings and body.voice_settings.speed else 1.0
-    plan = service.plan(model=chosen.model, voice=chosen.voice, text=body.text, speed=speed,
-                        language=body.language_code, timestamps=timestamps,
-                        request_id=request.scope.get("state", {}).get("request_id"),
-                        client=client_id(request))
+    try:
+        plan = service.plan(model=chosen.model, voice=chosen.voice, text=body.text, speed=speed,
+                            language=body.language_code, timestamps=timestamps,
+                            request_id=request.scope.get("state", {}).get("request_id"),
+                            client=client_id(request))
+    except InvalidParameter as exc:  # ElevenLabs' field is `text`
+        if exc.param != "input":
+            raise
+        raise InvalidParameter(exc.message.replace("'input'", "'text'"), param="text",
+                               code=exc.code) from None
     plan.warnings += chosen.warnings
     return service.speak(plan), out
 
@@ -82,8 +88,8 @@ async def convert(voice_id: str, request: Request) -> Response:
 
 
 def _chunk(job: SpeechJob, audio: bytes, words: list[WordTiming], start: int,
-           end: int | None) -> dict[str, Any]:
-    aligned = alignment(job.plan.caption_text, words, start, end)
+           end: int | None, after: float = 0.0) -> dict[str, Any]:
+    aligned = alignment(job.plan.caption_text, words, start, end, after)
     return {"audio_base64": base64.b64encode(audio).decode(), "alignment": aligned,
             "normalized_alignment": aligned}
 
@@ -104,7 +110,7 @@ async def stream_with_timestamps(voice_id: str, request: Request) -> Response:
 
     async def lines(job: SpeechJob, events: AsyncIterator[JobEvent], encoder: StreamEncoder
                     ) -> AsyncIterator[bytes]:
-        pending, words = b"", []
+        pending, words, spoken = b"", [], 0.0
         offsets = job.plan.offsets
         # Characters of the text aligned so far: each line aligns from there to the end of its
         # segment, so the lines' characters joined are the text sent (spaces between included).
@@ -118,14 +124,16 @@ async def stream_with_timestamps(voice_id: str, request: Request) -> Response:
                 elif isinstance(event, SegmentEnd):
                     start = offsets[event.index] if event.index < len(offsets) else 0
                     high = job.plan.source_span(start, start + len(event.text))[1]
-                    yield ndjson_line(_chunk(job, pending, words, covered, max(covered, high)))
+                    yield ndjson_line(_chunk(job, pending, words, covered, max(covered, high),
+                                             spoken))
+                    spoken = max([spoken, *(w.end for w in words)])
                     pending, words, covered = b"", [], max(covered, high)
             pending += await encode(encoder, None)
         except Exception as exc:  # already a 200: the failure is the last line
             yield ndjson_line(json.loads(bytes(el.error(exc).body)))
             return
         if pending or covered < len(job.plan.caption_text):
-            yield ndjson_line(_chunk(job, pending, [], covered, None))
+            yield ndjson_line(_chunk(job, pending, [], covered, None, spoken))
 
     return JobResponse(job, out.fmt, lines, "application/json", {"Cache-Control": "no-cache"},
                        rate=out.rate, bit_rate=out.bit_rate, errors=el.error)
@@ -158,10 +166,14 @@ async def get_user(request: Request) -> Response:
 
 
 async def stream_input(websocket: WebSocket, voice_id: str) -> None:
-    """Text in (LLM tokens), audio and alignment out (app.protocols.elevenlabs_ws)."""
-    await serve(websocket, ElevenLabsFraming(),
-                StreamInput(_voxmux_name(websocket, voice_id), dict(websocket.query_params),
-                            idle_timeout(websocket)))
+    """Text in (LLM tokens), audio and alignment out (app.protocols.elevenlabs_ws). A key may
+    also come in the first message (`xi_api_key`), as browsers, which cannot set headers,
+    send it: then the socket is opened and that message checked before anything is planned."""
+    auth = authenticator(websocket)
+    in_message = auth.guards_synthesis() and not auth.authorized(websocket, query_token=True)
+    mode = StreamInput(_voxmux_name(websocket, voice_id), dict(websocket.query_params),
+                       idle_timeout(websocket), key_check=auth if in_message else None)
+    await serve(websocket, ElevenLabsFraming(mode), mode, authorized=in_message)
 
 
 def _router(with_models: bool) -> APIRouter:

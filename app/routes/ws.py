@@ -62,9 +62,11 @@ def _voxmux_fragment(payload: dict[str, Any]) -> Command:
     return message.text, message.type
 
 
-async def serve(websocket: WebSocket, framing: Framing, mode: InputMode) -> None:
-    """One session of `framing` over `mode` (ElevenLabs' stream-input too)."""
-    if not await authorize_websocket(websocket):
+async def serve(websocket: WebSocket, framing: Framing, mode: InputMode, *,
+                authorized: bool = False) -> None:
+    """One session of `framing` over `mode` (ElevenLabs' stream-input too); `authorized`: the
+    mode checks the key itself (in the first message)."""
+    if not authorized and not await authorize_websocket(websocket):
         return
     service: SpeechService = websocket.app.state.service
     request_id = str(websocket.scope.get("state", {}).get("request_id") or uuid.uuid4().hex)

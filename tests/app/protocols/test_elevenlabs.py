@@ -9,6 +9,7 @@ import base64
 import io
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import av
 import httpx
@@ -27,7 +28,8 @@ TEXT = "The kitchen lights are now off. Good night, and sleep well."
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     server = start_server(test_settings(tmp_path_factory.mktemp("elevenlabs"), preload=[],
-                                        idle_ttl=-1))
+                                        idle_ttl=-1, ws_text_idle_timeout=3,
+                                        max_request_bytes=200_000))
     yield server
     server.stop()
 
@@ -168,6 +170,36 @@ def test_errors_are_in_elevenlabs_shape(client: ElevenLabs, live: LiveServer) ->
     assert empty.status_code == 400 and empty.json()["detail"]["status"]
 
 
+@pytest.mark.parametrize("output_format", ["pcm_" + "9" * 5000, "opus_48000_" + "1" * 4400,
+                                           "pcm_016000", "mp3_44100_0128", "pcm_١٦٠٠٠"])
+def test_an_output_format_of_odd_digits_is_a_400(live: LiveServer, output_format: str) -> None:
+    """Numbers too long for int() (a 500 before), leading zeros, digits of other scripts."""
+    with httpx.Client(base_url=live.url) as http:
+        answer = http.post(f"/v1/text-to-speech/{VOICE}",
+                           params={"output_format": output_format}, json={"text": "Hi."})
+    assert answer.status_code == 400, answer.text
+    assert "output_format" in answer.json()["detail"]["message"]
+
+
+def test_every_error_under_the_elevenlabs_paths_is_in_its_shape(live: LiveServer) -> None:
+    """The framework's 404 and 405 and the body limit's 413 too; messages name `text`."""
+    with httpx.Client(base_url=live.url) as http:
+        answers = {
+            404: http.get("/elevenlabs/v1/nothing"),
+            405: http.get(f"/elevenlabs/v1/text-to-speech/{VOICE}"),
+            413: http.post(f"/v1/text-to-speech/{VOICE}", content=b"x" * 300_000,
+                           headers={"Content-Type": "application/json"}),
+        }
+        long = http.post(f"/v1/text-to-speech/{VOICE}", json={"text": "word " * 2000})
+        ignored = http.post(f"/v1/text-to-speech/{RACHEL}?output_format=pcm_16000",
+                            json={"text": "Hi.", "model_id": "piper"})
+    for status, answer in answers.items():
+        assert answer.status_code == status
+        assert set(answer.json()["detail"]) == {"status", "message"}, answer.text
+    assert long.status_code == 400 and "'text'" in long.json()["detail"]["message"]
+    assert "model_id 'piper' ignored" in ignored.headers["X-VoxMux-Warnings"]
+
+
 def test_settings_that_cannot_apply_are_named_and_speed_applies(live: LiveServer) -> None:
     with httpx.Client(base_url=live.url) as http:
         plain = http.post(f"/v1/text-to-speech/{VOICE}?output_format=pcm_24000",
@@ -193,8 +225,66 @@ def test_a_keyed_server_takes_xi_api_key(tmp_path_factory: pytest.TempPathFactor
         assert refused.status_code == 401
         assert refused.json()["detail"]["status"] == "invalid_api_key"
         assert taken.status_code == 200 and decode(taken.content, "mp3").duration > 0.3
+        # A browser cannot set headers: its key comes in the stream-input's first message.
+        url = (keyed.url.replace("http", "ws") + "/v1/text-to-speech/espeak:en-us/stream-input"
+               "?output_format=pcm_16000")
+        for sent, closed in ((key, 1000), ("wrong-key", 1008)):
+            frames, code = _socket(url, [{"text": " ", "xi_api_key": sent},
+                                         {"text": "Hello there. "}, {"text": ""}])
+            assert code == closed, frames
+            assert any(f.get("audio") for f in frames) == (closed == 1000)
     finally:
         keyed.stop()
+
+
+def _socket(url: str, messages: list[dict[str, object]]) -> tuple[list[dict[str, Any]], int]:
+    """Send the messages, read every frame until the server closes; (frames, close code)."""
+    import json
+
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    frames: list[dict[str, Any]] = []
+    with connect(url) as ws:
+        for message in messages:
+            ws.send(json.dumps(message))
+        try:
+            while True:
+                frames.append(json.loads(ws.recv(timeout=60)))
+        except ConnectionClosed:
+            pass
+        assert ws.close_code is not None
+        return frames, ws.close_code
+
+
+def _pcm(frames: list[dict[str, Any]]) -> bytes:
+    return b"".join(base64.b64decode(str(f["audio"])) for f in frames if f.get("audio"))
+
+
+def test_stream_input_keeps_every_piece_of_text(live: LiveServer) -> None:
+    """A first message's text then silence is spoken (the idle timeout ends the text); an empty
+    `flush` flushes and does not end it; text after the end is an error, not dropped."""
+    url = live.url.replace("http", "ws") + (f"/v1/text-to-speech/{VOICE}/stream-input"
+                                            "?output_format=pcm_16000")
+    quiet, code = _socket(url, [{"text": "Hello there, this is the first message. "}])
+    assert code == 1000 and len(_pcm(quiet)) / 2 / 16000 > 1.0
+    flushed, code = _socket(url, [{"text": " "}, {"text": "", "flush": True},
+                                  {"text": "Hi there. "}, {"text": ""}])
+    assert code == 1000 and len(_pcm(flushed)) / 2 / 16000 > 0.4
+    late, _ = _socket(url, [{"text": " "}, {"text": "Hello there. "}, {"text": ""},
+                            {"text": "Lost words here."}])
+    assert any("ended" in str(f.get("message", "")) for f in late), late
+
+
+def test_stream_with_timestamps_times_trailing_characters_after_the_words(
+        client: ElevenLabs) -> None:
+    text = "Hello there.  \n"
+    chunks = list(client.text_to_speech.stream_with_timestamps(VOICE, text=text,
+                                                               output_format="pcm_16000"))
+    aligned = [c.alignment for c in chunks if c.alignment is not None]
+    assert "".join(ch for a in aligned for ch in a.characters) == text
+    starts = [t for a in aligned for t in a.character_start_times_seconds]
+    assert starts == sorted(starts) and starts[-1] > 0.3
 
 
 def test_stream_input_speaks_tokens_as_they_come(live: LiveServer) -> None:
@@ -226,4 +316,4 @@ def test_stream_input_speaks_tokens_as_they_come(live: LiveServer) -> None:
     assert {"kitchen", "lights", "night", "sleep"} <= _heard(clip.samples, 44100)
     chars = "".join("".join(f["alignment"]["chars"]) for f in frames  # type: ignore[index]
                     if f.get("alignment"))
-    assert chars.replace(" ", "") == TEXT.replace(" ", "")
+    assert chars == TEXT  # the spaces between the sentences too
