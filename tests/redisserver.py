@@ -18,8 +18,10 @@ REDIS_SERVER = shutil.which("redis-server")
 
 
 @contextmanager
-def redis_server(folder: Path, maxmemory: str = "64mb") -> Iterator[str]:
-    """A fresh server with no persistence, `maxmemory` and an LRU policy; yields its URL."""
+def redis_server(folder: Path, maxmemory: str = "64mb", policy: str = "allkeys-lru"
+                 ) -> Iterator[str]:
+    """A fresh server with no persistence, `maxmemory` and its eviction `policy` (LRU for a
+    cache; "noeviction" for data that must not be lost, such as jobs); yields its URL."""
     if REDIS_SERVER is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run does)")
     port = free_port()
@@ -27,7 +29,7 @@ def redis_server(folder: Path, maxmemory: str = "64mb") -> Iterator[str]:
     process = subprocess.Popen(
         [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
          "--appendonly", "no", "--dir", str(folder), "--maxmemory", maxmemory,
-         "--maxmemory-policy", "allkeys-lru"],
+         "--maxmemory-policy", policy],
         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
     )
     url = f"redis://127.0.0.1:{port}/0"

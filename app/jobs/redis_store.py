@@ -1,0 +1,483 @@
+"""The job store in Redis, for several ingress processes (Ray Serve replicas) sharing jobs.
+
+`RedisJobStore` answers every call of `JobStore` (app/jobs/store.py) the same way, with jobs,
+items, segments and finished audio in Redis instead of SQLite and files. Keys, all under
+`prefix` (`voxmux:jobs:` unless told):
+
+    index                  sorted set: job id, scored by its `created`
+    job:<id>               hash: owner, kind, status, request (JSON), created, updated,
+                           finished ("" until it ends), error (JSON or ""), bytes
+    items:<id>             hash: item index -> JSON (title, text, options, asked, error,
+                           sample_rate)
+    seg:<id>               hash: seq -> JSON (item, part, text, offset, samples); `samples` is
+                           null until the segment's audio is stored
+    words:<id>             hash: seq -> JSON word rows, for finished segments that have words
+    audio:<id>:<seq>       string: the segment's audio, 16-bit little-endian mono
+    lease:<id>             string: the worker running the job, expiring (PX) unless renewed
+    used                   integer: bytes counted against `max_bytes` by every process
+
+The bound is shared: a new job (its text) or a segment (its audio) is checked against `used` and
+counted in the same atomic step (a WATCH/MULTI transaction for a job, a Lua script for a
+segment), so processes storing at once never pass it together. A segment's script stores the
+audio, then marks the segment done, in one step: no process ever sees a segment done without
+its audio, and a refused segment leaves nothing. Storing a segment again replaces it and counts
+only the difference. Deleting a job removes all its keys and gives its bytes back at once.
+
+Derived files (a job's ZIP) are not shared: each process builds its own from the segments under
+`<data_dir>/jobs-cache/<id>/` (`file`), outside the bound (`reserve` only checks that the bound
+has room, `add_file` counts nothing).
+
+Leases: exactly one worker runs a job at a time. `claim` takes a job's lease (or refreshes it for
+the worker already holding it), `renew` extends it, `release` gives it back, each only for its
+holder; a process that dies stops renewing, its leases expire, and `claimable` lists its jobs for
+another to take over.
+
+Redis must keep this data: run it with `maxmemory-policy noeviction` (an evicting policy would
+drop jobs; a warning is logged at start when one is set). Redis refusing a write for lack of
+memory is `DiskFull`; Redis out of reach is `StoreUnavailable`. On a Redis Cluster, give a
+prefix with a hash tag (`{voxmux}:jobs:`): the scripts and transactions touch several keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import shutil
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+import numpy.typing as npt
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.client import Pipeline
+from redis.exceptions import OutOfMemoryError, RedisError, ResponseError
+from redis.retry import Retry
+from redis.typing import EncodableT, FieldT
+
+from app.jobs.model import (
+    FINISHED,
+    DiskFull,
+    Item,
+    ItemOptions,
+    Job,
+    JobKind,
+    JobNotFound,
+    JobStatus,
+    Segment,
+    StoreUnavailable,
+)
+from app.jobs.store import WordRow
+
+log = logging.getLogger(__name__)
+
+PREFIX = "voxmux:jobs:"
+
+_FINISH_SEGMENT = """
+-- KEYS: used, job, seg, words, audio; ARGV: seq, segment JSON, words JSON or '', audio,
+-- max_bytes, now. Returns {1, used} stored, {0, 0} no such job or segment, {-1, used} full.
+if redis.call('EXISTS', KEYS[2]) == 0 or redis.call('HEXISTS', KEYS[3], ARGV[1]) == 0 then
+  return {0, 0}
+end
+local used = tonumber(redis.call('GET', KEYS[1]) or '0')
+local delta = string.len(ARGV[4]) - redis.call('STRLEN', KEYS[5])
+if delta > 0 and used + delta > tonumber(ARGV[5]) then return {-1, used} end
+redis.call('SET', KEYS[5], ARGV[4])
+if ARGV[3] == '' then
+  redis.call('HDEL', KEYS[4], ARGV[1])
+else
+  redis.call('HSET', KEYS[4], ARGV[1], ARGV[3])
+end
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+redis.call('HINCRBY', KEYS[2], 'bytes', delta)
+redis.call('HSET', KEYS[2], 'updated', ARGV[6])
+return {1, redis.call('INCRBY', KEYS[1], delta)}
+"""
+
+_UPDATE_JOB = """
+-- KEYS: job; ARGV: field, value, ... Set only on a job that exists.
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV))
+return 1
+"""
+
+_DELETE = """
+-- KEYS: job, items, seg, words, lease, index, used; ARGV: audio key prefix, job id.
+local bytes = tonumber(redis.call('HGET', KEYS[1], 'bytes') or '0')
+for _, seq in ipairs(redis.call('HKEYS', KEYS[3])) do
+  redis.call('DEL', ARGV[1] .. seq)
+end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+redis.call('ZREM', KEYS[6], ARGV[2])
+if bytes ~= 0 and redis.call('DECRBY', KEYS[7], bytes) <= 0 then
+  redis.call('DEL', KEYS[7])
+end
+return bytes
+"""
+
+_CLAIM = """
+-- KEYS: lease, job; ARGV: worker, ms. Free, or already this worker's: (re)taken.
+if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class RedisJobStore:
+    """`JobStore` in Redis at `url`, shared by every process using the same `prefix`."""
+
+    def __init__(self, url: str, data_dir: Path, max_bytes: int, prefix: str = PREFIX, *,
+                 timeout: float = 5.0) -> None:
+        self.max_bytes = max_bytes
+        self.prefix = prefix
+        self.cache = data_dir / "jobs-cache"
+        self.cache.mkdir(parents=True, exist_ok=True)
+        self._where = _public_url(url)
+        self._redis = redis.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2))
+        self._finish = self._redis.register_script(_FINISH_SEGMENT)
+        self._update_job = self._redis.register_script(_UPDATE_JOB)
+        self._delete = self._redis.register_script(_DELETE)
+        self._claim = self._redis.register_script(_CLAIM)
+        self._renew = self._redis.register_script(_RENEW)
+        self._release = self._redis.register_script(_RELEASE)
+        self._used = prefix + "used"
+        self._index = prefix + "index"
+        with self._reach():
+            self._redis.ping()
+        self._check_policy()
+
+    def close(self) -> None:
+        self._redis.close()
+
+    @property
+    def used(self) -> int:
+        """Bytes counted against the bound, by every process."""
+        with self._reach():
+            return int(self._redis.get(self._used) or 0)
+
+    def _key(self, kind: str, job_id: str) -> str:
+        return f"{self.prefix}{kind}:{job_id}"
+
+    def _audio_key(self, job_id: str, seq: int) -> str:
+        return f"{self.prefix}audio:{job_id}:{seq}"
+
+    @contextmanager
+    def _reach(self) -> Iterator[None]:
+        """Redis's errors as the store's: no memory left is `DiskFull`, the rest (down,
+        unreachable, refusing) `StoreUnavailable`."""
+        try:
+            yield
+        except ResponseError as exc:  # OutOfMemoryError among them
+            if not isinstance(exc, OutOfMemoryError) and "OOM" not in str(exc):
+                raise StoreUnavailable(f"The job store's Redis at {self._where} refused a "
+                                       f"command ({exc})", code="job_store_unavailable") from None
+            raise DiskFull(f"The job store's Redis at {self._where} has no memory left "
+                           "(its maxmemory); delete finished jobs or give Redis more memory",
+                           code="disk_full") from None
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"The job store's Redis at {self._where} cannot be reached "
+                                   f"({exc})", code="job_store_unavailable") from None
+
+    def _check_policy(self) -> None:
+        try:
+            policy = self._redis.config_get("maxmemory-policy").get("maxmemory-policy")
+        except RedisError:  # CONFIG is often disabled on managed Redis
+            return
+        if isinstance(policy, bytes):
+            policy = policy.decode()
+        if policy and str(policy).startswith("allkeys"):
+            log.warning("jobs: the Redis at %s evicts keys (maxmemory-policy %s): jobs can be "
+                        "lost; set maxmemory-policy noeviction", self._where, policy)
+
+    def _full(self, used: int) -> DiskFull:
+        return DiskFull(
+            f"The job store is full: {used} of {self.max_bytes} bytes used "
+            "(VOXMUX_JOBS_MAX_BYTES); delete finished jobs or raise the bound",
+            code="disk_full")
+
+    # -- making ------------------------------------------------------------------------------
+
+    def create(self, job: Job, items: list[Item], segments: list[Segment]) -> None:
+        """Store a new job; its text counts against the bound (`DiskFull` past it), checked
+        and counted in one transaction with the job's keys."""
+        size = sum(len(i.text.encode()) for i in items) + sum(len(s.text.encode())
+                                                                for s in segments)
+        job_key = self._key("job", job.id)
+        fields = _job_fields(job, size)
+        item_rows: dict[FieldT, EncodableT] = {str(i.index): json.dumps({
+            "title": i.title, "text": i.text, "options": dataclasses.asdict(i.options),
+            "asked": i.asked, "error": i.error or None, "sample_rate": i.sample_rate})
+            for i in items}
+        segment_rows: dict[FieldT, EncodableT] = {str(s.seq): json.dumps({
+            "item": s.item, "part": s.part, "text": s.text, "offset": s.offset,
+            "samples": None}) for s in segments}
+
+        def store(pipe: Pipeline) -> None:
+            if pipe.exists(job_key):
+                raise ValueError(f"A job {job.id} is already stored")
+            used = int(pipe.get(self._used) or 0)
+            if used + size > self.max_bytes:
+                raise self._full(used)
+            pipe.multi()
+            pipe.hset(job_key, mapping=fields)
+            if item_rows:
+                pipe.hset(self._key("items", job.id), mapping=item_rows)
+            if segment_rows:
+                pipe.hset(self._key("seg", job.id), mapping=segment_rows)
+            pipe.zadd(self._index, {job.id: job.created})
+            pipe.incrby(self._used, size)
+
+        with self._reach():
+            self._redis.transaction(store, self._used, job_key)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def job(self, job_id: str) -> Job | None:
+        with self._reach():
+            fields = self._redis.hgetall(self._key("job", job_id))
+        return _job(job_id, fields) if fields else None
+
+    def _all_jobs(self) -> list[Job]:
+        """Every job, oldest first."""
+        with self._reach():
+            ids = [_text(i) for i in self._redis.zrange(self._index, 0, -1)]
+            pipe = self._redis.pipeline(transaction=False)
+            for job_id in ids:
+                pipe.hgetall(self._key("job", job_id))
+            rows = pipe.execute()
+        return [_job(job_id, fields) for job_id, fields in zip(ids, rows, strict=True) if fields]
+
+    def jobs(self, owner: str | None = None, status: tuple[str, ...] | None = None
+             ) -> list[Job]:
+        return [j for j in self._all_jobs()
+                if (owner is None or j.owner == owner) and (not status or j.status in status)]
+
+    def items(self, job_id: str) -> list[Item]:
+        with self._reach():
+            rows = self._redis.hgetall(self._key("items", job_id))
+        items = []
+        for index, raw in sorted(rows.items(), key=lambda row: int(row[0])):
+            item = json.loads(raw)
+            items.append(Item(int(index), item["title"], item["text"],
+                              ItemOptions(**item["options"]), item["asked"], item["error"],
+                              item["sample_rate"]))
+        return items
+
+    def _segment_rows(self, job_id: str) -> list[tuple[int, dict[str, Any]]]:
+        with self._reach():
+            rows = self._redis.hgetall(self._key("seg", job_id))
+        return sorted((int(seq), json.loads(raw)) for seq, raw in rows.items())
+
+    def segments(self, job_id: str, item: int | None = None) -> list[Segment]:
+        return [Segment(seq, s["item"], s["part"], s["text"], s["offset"], s["samples"])
+                for seq, s in self._segment_rows(job_id) if item is None or s["item"] == item]
+
+    def counts(self, job_id: str) -> tuple[int, int, float]:
+        """(segments done, segments in all, seconds of audio stored)."""
+        rates = {i.index: i.sample_rate for i in self.items(job_id)}
+        done = total = 0
+        seconds: list[float] = []
+        for _, segment in self._segment_rows(job_id):
+            if segment["item"] not in rates:  # as JobStore's join: no item, not counted
+                continue
+            total += 1
+            samples, rate = segment["samples"], rates[segment["item"]]
+            if samples is not None:
+                done += 1
+                if rate:
+                    seconds.append(samples / rate)
+        return done, total, math.fsum(seconds)
+
+    def words(self, job_id: str, item: int) -> list[list[WordRow]]:
+        seqs = [s.seq for s in self.segments(job_id, item)]
+        if not seqs:
+            return []
+        with self._reach():
+            rows = self._redis.hmget(self._key("words", job_id), [str(s) for s in seqs])
+        return [[tuple(w) for w in json.loads(raw)] if raw else [] for raw in rows]
+
+    def audio(self, job_id: str, seq: int) -> npt.NDArray[np.float32]:
+        """A finished segment's samples, exactly as encoders turn them back into 16 bits."""
+        with self._reach():
+            data = self._redis.get(self._audio_key(job_id, seq))
+        if not isinstance(data, bytes):  # None: as JobStore's missing file
+            raise FileNotFoundError(f"No audio is stored for segment {seq} of job {job_id}")
+        pcm = np.frombuffer(data, dtype="<i2")
+        return pcm.astype(np.float32) / np.float32(32767.0)
+
+    def file(self, job_id: str, name: str) -> Path:
+        """This process's own copy of a file made from the job (its ZIP)."""
+        path = self.cache / job_id / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def set_status(self, job_id: str, status: JobStatus, error: dict[str, Any] | None = None
+                   ) -> None:
+        now = time.time()
+        finished = repr(now) if status in FINISHED else ""
+        with self._reach():
+            self._update_job(keys=[self._key("job", job_id)], args=[
+                "status", status, "updated", repr(now), "finished", finished,
+                "error", json.dumps(error) if error else ""])
+
+    def set_item(self, job_id: str, index: int, *, sample_rate: int | None = None,
+                 error: dict[str, Any] | None = None) -> None:
+        changes: dict[str, Any] = {}
+        if sample_rate is not None:
+            changes["sample_rate"] = sample_rate
+        if error is not None:
+            changes["error"] = error
+        if not changes:
+            return
+        key = self._key("items", job_id)
+
+        def update(pipe: Pipeline) -> None:
+            raw = pipe.hget(key, str(index))
+            if raw is None:  # no such item (or job): nothing to change
+                return
+            item = json.loads(raw) | changes
+            pipe.multi()
+            pipe.hset(key, str(index), json.dumps(item))
+
+        with self._reach():
+            self._redis.transaction(update, key)
+
+    def finish_segment(self, job_id: str, seq: int, pcm16: bytes, words: list[WordRow]
+                       ) -> None:
+        """Store one rendered segment: its audio, then its being done, in one atomic step
+        counted against the shared bound. `DiskFull` when the bound (or Redis's memory) has no
+        room: nothing of the segment is left behind. `JobNotFound` once the job is deleted."""
+        seg_key = self._key("seg", job_id)
+        with self._reach():
+            raw = self._redis.hget(seg_key, str(seq))
+        if raw is None:
+            raise JobNotFound(f"Job {job_id} has no segment {seq} (deleted?)")
+        segment = json.loads(raw) | {"samples": len(pcm16) // 2}
+        keys = [self._used, self._key("job", job_id), seg_key, self._key("words", job_id),
+                self._audio_key(job_id, seq)]
+        args: list[EncodableT] = [seq, json.dumps(segment), json.dumps(words) if words else "",
+                                  pcm16, self.max_bytes, repr(time.time())]
+        with self._reach():
+            outcome, used = self._finish(keys=keys, args=args)
+        if outcome == 0:
+            raise JobNotFound(f"Job {job_id} has no segment {seq} (deleted?)")
+        if outcome < 0:
+            raise self._full(int(used))
+
+    def add_file(self, job_id: str, name: str, size: int) -> None:
+        """A file made from the job in this process's cache (its ZIP): it is this process's
+        own, outside the shared bound, so nothing is counted."""
+
+    def reserve(self, size: int) -> None:
+        """`DiskFull` unless the shared bound has room for `size` more bytes; counts nothing
+        (only this process's own files are reserved from outside: see `add_file`)."""
+        used = self.used
+        if used + size > self.max_bytes:
+            raise self._full(used)
+
+    def delete(self, job_id: str) -> None:
+        """Remove every key of the job (its lease too) and give its bytes back, at once; and
+        this process's cached files of it."""
+        keys = [self._key(kind, job_id) for kind in ("job", "items", "seg", "words", "lease")]
+        with self._reach():
+            self._delete(keys=[*keys, self._index, self._used],
+                         args=[f"{self.prefix}audio:{job_id}:", job_id])
+        shutil.rmtree(self.cache / job_id, ignore_errors=True)
+
+    def expired(self, older_than: float) -> list[str]:
+        """Finished jobs that ended before `older_than` (a time.time())."""
+        return [j.id for j in self._all_jobs()
+                if j.finished is not None and j.finished < older_than]
+
+    def interrupted(self) -> list[str]:
+        """Jobs queued or running (here: in any process), oldest first."""
+        return [j.id for j in self._all_jobs() if j.status in ("queued", "running")]
+
+    # -- leases ------------------------------------------------------------------------------
+
+    def claim(self, job_id: str, worker: str, ttl_s: float) -> bool:
+        """Take the job's lease for `ttl_s` seconds: True if it was free (or already this
+        worker's: then it is extended), False if another worker holds it or there is no such
+        job."""
+        with self._reach():
+            return bool(self._claim(keys=[self._key("lease", job_id), self._key("job", job_id)],
+                                    args=[worker, _ms(ttl_s)]))
+
+    def renew(self, job_id: str, worker: str, ttl_s: float) -> bool:
+        """Extend the lease to `ttl_s` seconds from now, only if `worker` still holds it."""
+        with self._reach():
+            return bool(self._renew(keys=[self._key("lease", job_id)], args=[worker, _ms(ttl_s)]))
+
+    def release(self, job_id: str, worker: str) -> None:
+        """Give the lease back, only if `worker` holds it."""
+        with self._reach():
+            self._release(keys=[self._key("lease", job_id)], args=[worker])
+
+    def claimable(self) -> list[str]:
+        """Jobs queued or running that no live lease holds, oldest first."""
+        waiting = self.interrupted()
+        with self._reach():
+            pipe = self._redis.pipeline(transaction=False)
+            for job_id in waiting:
+                pipe.exists(self._key("lease", job_id))
+            leased = pipe.execute()
+        return [job_id for job_id, held in zip(waiting, leased, strict=True) if not held]
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def _public_url(url: str) -> str:
+    """The URL without its credentials or options, fit for messages."""
+    parts = urlsplit(url)
+    if parts.hostname is None:
+        return f"{parts.scheme}://{parts.path}"
+    host = f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname
+    return f"{parts.scheme}://{host}{parts.path}"
+
+
+def _job_fields(job: Job, size: int) -> dict[FieldT, EncodableT]:
+    """A new job as JobStore stores one: not yet finished, no error, `size` bytes."""
+    return {"owner": job.owner, "kind": job.kind, "status": job.status,
+            "request": json.dumps(job.request), "created": repr(float(job.created)),
+            "updated": repr(float(job.updated)), "finished": "", "error": "", "bytes": size}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _job(job_id: str, fields: Mapping[Any, Any]) -> Job:
+    row = {_text(k): _text(v) for k, v in fields.items()}
+    kind: JobKind = row["kind"]  # type: ignore[assignment]
+    status: JobStatus = row["status"]  # type: ignore[assignment]
+    return Job(id=job_id, owner=row["owner"], kind=kind, status=status,
+               created=float(row["created"]), updated=float(row["updated"]),
+               request=json.loads(row["request"]),
+               finished=float(row["finished"]) if row["finished"] else None,
+               error=json.loads(row["error"]) if row["error"] else None,
+               bytes=int(row["bytes"]))
