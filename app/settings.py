@@ -208,6 +208,14 @@ class Settings(BaseSettings):
     deleted (`DELETE /v1/audio/jobs/{id}`)."""
     jobs_concurrency: int = Field(1, ge=1)
     """Jobs rendered at once (the others wait, queued)."""
+    jobs_store: Literal["auto", "sqlite", "redis"] = "auto"
+    """Where jobs are kept: `sqlite` (files under `data_dir`, this process's own), `redis` (in
+    `cache_url`'s Redis, shared by every process using it: any of them answers for any job,
+    and a job whose process died is taken over by another); `auto`: `redis` on a Ray cluster
+    with `cache_url` set, else `sqlite`."""
+    jobs_lease_seconds: float = Field(15, gt=0, le=3600)
+    """With a shared (Redis) job store: how long a job whose process stopped renewing its lease
+    (killed) waits before another process takes it over."""
     jobs_parallel: int = Field(0, ge=0, le=64)
     """Parts of a job's chapter rendered at once, each a run of its segments; 0: one in a
     single process (segments in order, one engine call at a time), one per engine replica

@@ -15,7 +15,7 @@ import numpy as np
 
 from app.audio.encoders import StreamEncoder
 from app.jobs.model import Item, Job
-from app.jobs.store import JobStore
+from app.jobs.store import Store
 from app.protocols.openai import PCM_RATE
 from app.protocols.timestamps import CaptionFormat, captions
 from engines.base import Audio, WordTiming
@@ -43,17 +43,17 @@ def encode_clip(samples: Audio, fmt: str, rate: int) -> bytes:
     return b"".join(encoded([samples], fmt, rate))
 
 
-def item_chunks(store: JobStore, job_id: str, item: Item) -> Iterator[Audio]:
+def item_chunks(store: Store, job_id: str, item: Item) -> Iterator[Audio]:
     for segment in store.segments(job_id, item.index):
         yield store.audio(job_id, segment.seq)
 
 
-def item_ready(store: JobStore, job_id: str, item: Item) -> bool:
+def item_ready(store: Store, job_id: str, item: Item) -> bool:
     segments = store.segments(job_id, item.index)
     return bool(segments) and all(s.samples is not None for s in segments)
 
 
-def item_seconds(store: JobStore, job_id: str, item: Item) -> float | None:
+def item_seconds(store: Store, job_id: str, item: Item) -> float | None:
     if not item.sample_rate:
         return None
     samples = [s.samples for s in store.segments(job_id, item.index)]
@@ -66,7 +66,7 @@ def spoken(items: list[Item]) -> list[Item]:
     return [i for i in items if i.error is None]
 
 
-def whole_chunks(store: JobStore, job_id: str, items: list[Item], pause_ms: int
+def whole_chunks(store: Store, job_id: str, items: list[Item], pause_ms: int
                  ) -> Iterator[Audio]:
     """Every item's audio in order, `pause_ms` of silence between two."""
     for n, item in enumerate(spoken(items)):
@@ -75,7 +75,7 @@ def whole_chunks(store: JobStore, job_id: str, items: list[Item], pause_ms: int
         yield from item_chunks(store, job_id, item)
 
 
-def item_captions(store: JobStore, job_id: str, item: Item, fmt: CaptionFormat) -> str | None:
+def item_captions(store: Store, job_id: str, item: Item, fmt: CaptionFormat) -> str | None:
     """SRT or WebVTT for one item, from its segments' stored words; None without words."""
     rate = item.sample_rate or 1
     words: list[WordTiming] = []
@@ -109,7 +109,7 @@ def write_zip(target: Any, members: Iterable[tuple[str, bytes]], manifest: dict[
                          zipfile.ZIP_DEFLATED)
 
 
-def job_zip(store: JobStore, job: Job) -> Path:
+def job_zip(store: Store, job: Job) -> Path:
     """The finished job's ZIP (made once, kept in its folder, counted against the bound)."""
     with _ZIP_LOCK:
         path = store.file(job.id, ZIP_NAME)
@@ -118,7 +118,7 @@ def job_zip(store: JobStore, job: Job) -> Path:
         return _make_zip(store, job, path)
 
 
-def _make_zip(store: JobStore, job: Job, path: Path) -> Path:
+def _make_zip(store: Store, job: Job, path: Path) -> Path:
     items = store.items(job.id)
     entries: list[dict[str, Any]] = []
 

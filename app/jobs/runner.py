@@ -13,6 +13,13 @@ loses at most the segment being rendered. At start, jobs the last process left q
 are queued again, oldest first. A model that is busy (429) or slow to give a turn (504) only
 delays a job: it retries from where it stopped. Other failures fail the job (a book) or the item
 (a batch, whose other items go on); a full store fails the job, never the server.
+
+A shared store (Redis: `VOXMUX_JOBS_STORE`, the default on a Ray cluster with Redis) is read and
+written by several processes (ingress replicas): a job is run by whichever claims its lease,
+renewed every second; any process answers for it, a cancel anywhere marks it and its runner
+stops within a second, and when a process dies its jobs go to another once their leases lapse,
+resuming at the first segment without stored audio. A chapter's missing segments may render as
+parts at once (`_windows`): on a cluster, Serve spreads them over the engine replicas.
 """
 
 from __future__ import annotations
@@ -20,12 +27,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import sqlite3
 import time
 import uuid
 from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,16 +49,22 @@ from app.jobs.model import (
     Segment,
     StoreUnavailable,
 )
-from app.jobs.store import JobStore, WordRow
+from app.jobs.store import JobStore, Store, WordRow
 from app.serving.events import SegmentEnd, SegmentWords
 from app.serving.service import SpeechService
 from app.settings import Settings
 from engines.base import Cancelled, Overloaded, RequestTimeout, VoxMuxError
 
+if TYPE_CHECKING:
+    from app.jobs.redis_store import RedisJobStore
+
 log = logging.getLogger(__name__)
 
 RETRY_SECONDS = (1, 2, 5, 10, 30)
 """Waits before a job retries a model that was busy, longest last (then kept)."""
+KEEP_SECONDS = 1.0
+"""How often a process renews its leases and looks for jobs, cancels and progress made by
+other processes (shared store)."""
 
 
 @dataclass
@@ -67,13 +82,18 @@ class _Run:
 class JobRunner:
     def __init__(self, service: SpeechService, settings: Settings, on_done: Any = None) -> None:
         self.service = service
-        self.store: JobStore
+        self.store: Store
         """Opened by `start` (building an app writes nothing to its data dir)."""
         self.settings = settings
         self.on_done = on_done
         """Called (in a thread) with the store and each job that finished well: the outputs
         directory."""
         self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self.shared = False
+        """Whether the store is shared with other processes (Redis, on a cluster): then jobs are
+        claimed from it under a lease, not queued here."""
+        self.worker = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._wake = asyncio.Event()
         self._runs: dict[str, _Run] = {}
         self._changed: dict[str, asyncio.Event] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -93,32 +113,61 @@ class JobRunner:
         that cannot be opened (a read-only data dir) leaves the server serving everything but
         jobs, which answer 503 (`available`)."""
         settings = self.settings
+        # On a cluster with Redis, every ingress replica sees every job (app.jobs.redis_store).
+        self.shared = settings.jobs_store == "redis" or (
+            settings.jobs_store == "auto" and bool(settings.cache_url)
+            and self.service.fleet is not None)
         try:
-            self.store = await asyncio.to_thread(JobStore, settings.data_dir,
-                                                 settings.jobs_max_bytes)
-        except (OSError, sqlite3.Error) as exc:
-            self.unavailable = (f"The job store in {settings.data_dir} cannot be opened ({exc}); "
-                                "set VOXMUX_DATA_DIR to a writable directory")
+            self.store = await asyncio.to_thread(self._open)
+        except (OSError, sqlite3.Error, StoreUnavailable) as exc:
+            self.unavailable = (
+                f"The shared job store cannot be opened ({exc}); check VOXMUX_CACHE_URL"
+                if self.shared else
+                f"The job store in {settings.data_dir} cannot be opened ({exc}); "
+                "set VOXMUX_DATA_DIR to a writable directory")
             log.error("jobs: %s", self.unavailable)
             return
-        for job_id in self.store.interrupted():
-            self.store.set_status(job_id, "queued")
-            self._queue.put_nowait(job_id)
-            log.info("job %s: resumed after a restart", job_id)
+        if not self.shared:  # (a shared store's jobs are claimed as their leases lapse)
+            for job_id in self.store.interrupted():
+                self.store.set_status(job_id, "queued")
+                self._queue.put_nowait(job_id)
+                log.info("job %s: resumed after a restart", job_id)
         self._tasks = [asyncio.create_task(self._worker(), name=f"jobs-{n}")
                        for n in range(self.settings.jobs_concurrency)]
         self._tasks.append(asyncio.create_task(self._sweep(), name="jobs-retention"))
 
+    def _open(self) -> Store:
+        settings = self.settings
+        if self.shared:
+            from app.jobs.redis_store import RedisJobStore  # (the redis client: the ray extra)
+
+            if not settings.cache_url:
+                raise StoreUnavailable("VOXMUX_JOBS_STORE=redis needs VOXMUX_CACHE_URL "
+                                       "(redis://...)")
+            return RedisJobStore(settings.cache_url, settings.data_dir, settings.jobs_max_bytes)
+        return JobStore(settings.data_dir, settings.jobs_max_bytes)
+
+    def _leases(self) -> RedisJobStore:
+        """The shared store, whose jobs are run under leases."""
+        from app.jobs.redis_store import RedisJobStore
+
+        assert isinstance(self.store, RedisJobStore)
+        return self.store
+
     async def stop(self) -> None:
         """At shutdown: running jobs stop where they are and stay `running` in the store, so the
-        next start resumes them."""
+        next start resumes them (a shared store's, another process as soon as it looks)."""
         for task in self._tasks:
             task.cancel()
-        runs = [r.task for r in self._runs.values() if r.task is not None]
-        for task in runs:
+        runs = {job_id: r.task for job_id, r in self._runs.items() if r.task is not None}
+        for task in runs.values():
             task.cancel()
-        await asyncio.gather(*self._tasks, *runs, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *runs.values(), return_exceptions=True)
         if hasattr(self, "store"):
+            if self.shared:
+                for job_id in runs:
+                    with contextlib.suppress(Exception):
+                        self._leases().release(job_id, self.worker)
             self.store.close()
 
     # -- making ------------------------------------------------------------------------------
@@ -127,7 +176,10 @@ class JobRunner:
                      items: list[Item]) -> Job:
         """Store a new job and queue it; its items' segments are cut now, once."""
         job = await asyncio.to_thread(self._store_new, owner, kind, request, items)
-        self._queue.put_nowait(job.id)
+        if self.shared:
+            self._wake.set()  # a free worker here claims it now (or one elsewhere, later)
+        else:
+            self._queue.put_nowait(job.id)
         return job
 
     def _store_new(self, owner: str, kind: JobKind, request: dict[str, Any], items: list[Item]
@@ -162,6 +214,8 @@ class JobRunner:
     async def changed(self, job_id: str, timeout: float) -> None:
         """Return when the job's state or progress changes, or after `timeout` seconds."""
         event = self._changed.setdefault(job_id, asyncio.Event())
+        if self.shared and job_id not in self._runs:  # another process may be running it
+            timeout = min(timeout, KEEP_SECONDS)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 await event.wait()
@@ -174,7 +228,9 @@ class JobRunner:
     # -- cancelling --------------------------------------------------------------------------
 
     def cancel(self, job: Job) -> None:
-        """Stop a queued or running job; its finished segments stay readable."""
+        """Stop a queued or running job; its finished segments stay readable. A job another
+        process runs (shared store) is marked `cancelled`; that process stops it within
+        `KEEP_SECONDS`."""
         if job.ended:
             return
         run = self._runs.get(job.id)
@@ -196,14 +252,53 @@ class JobRunner:
 
     # -- running -----------------------------------------------------------------------------
 
+    async def _next(self) -> str:
+        """The next job to run: from this process's queue, or claimed from a shared store."""
+        if not self.shared:
+            return await self._queue.get()
+        while True:
+            store = self._leases()
+            for job_id in await asyncio.to_thread(store.claimable):
+                if job_id not in self._runs and await asyncio.to_thread(
+                        store.claim, job_id, self.worker, self.settings.jobs_lease_seconds):
+                    return job_id
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(KEEP_SECONDS):
+                    await self._wake.wait()
+
+    async def _keep(self, job_id: str, run: _Run) -> None:
+        """While a shared store's job runs here: renew its lease, and stop it when another
+        process cancelled or deleted it (`cancelled` in the store) or took it over."""
+        store, lease = self._leases(), self.settings.jobs_lease_seconds
+        while True:
+            await asyncio.sleep(KEEP_SECONDS)
+            try:
+                held = await asyncio.to_thread(store.renew, job_id, self.worker, lease)
+                job = await asyncio.to_thread(store.job, job_id)
+            except StoreUnavailable as exc:  # Redis away: keep rendering, try again
+                log.warning("job %s: %s", job_id, exc.message)
+                continue
+            if job is None or job.status == "cancelled" or not held:
+                if job is None or job.status == "cancelled":
+                    run.cancelling = True
+                else:
+                    log.warning("job %s: its lease went to another process", job_id)
+                if run.task is not None:
+                    run.task.cancel()
+                return
+
     async def _worker(self) -> None:
         while True:
-            job_id = await self._queue.get()
+            job_id = await self._next()
             job = self.store.job(job_id)
             if job is None or job.ended:
+                if self.shared:
+                    self._leases().release(job_id, self.worker)
                 continue
             run = self._runs[job_id] = _Run()
             run.task = asyncio.create_task(self._run(job), name=f"job-{job_id}")
+            keeper = asyncio.create_task(self._keep(job_id, run)) if self.shared else None
             try:
                 await asyncio.shield(run.task)
             except asyncio.CancelledError:
@@ -217,6 +312,10 @@ class JobRunner:
                 log.exception("job %s: the runner failed", job_id)
             finally:
                 self._runs.pop(job_id, None)
+                if keeper is not None:
+                    keeper.cancel()
+                    with contextlib.suppress(Exception):
+                        await asyncio.to_thread(self._leases().release, job_id, self.worker)
                 self._notify(job_id)
 
     async def _run(self, job: Job) -> None:
@@ -232,7 +331,8 @@ class JobRunner:
                     await self._item(job, item, run)
         except asyncio.CancelledError:
             if run.cancelling:
-                self.store.set_status(job.id, "cancelled")
+                if self.store.job(job.id) is not None:  # (not when deleted)
+                    self.store.set_status(job.id, "cancelled")
                 return
             raise  # the server is stopping: the job stays `running`, to resume
         except Exception as exc:
@@ -242,6 +342,9 @@ class JobRunner:
             else:
                 log.warning("job %s failed: %s", job.id, exc.message)
             return
+        current = self.store.job(job.id)
+        if current is None or current.status == "cancelled":  # by another process, just now
+            return
         self.store.set_status(job.id, "done")
         if self.on_done is not None:
             finished = self.store.job(job.id)
@@ -249,29 +352,36 @@ class JobRunner:
                 await asyncio.to_thread(self.on_done, self.store, finished)
 
     async def _item(self, job: Job, item: Item, run: _Run) -> None:
-        """Render what is left of one item, retrying where a busy model refused it."""
+        """Render what is left of one item, in parts at once (`_windows`)."""
+        segments = self.store.segments(job.id, item.index)
+        windows = _windows(segments, await self._at_once())
+        try:
+            await _all(self._part(job, item, start, end, run) for start, end in windows)
+        except (DiskFull, Cancelled):
+            raise
+        except VoxMuxError as exc:
+            if job.kind != "batch":
+                raise
+            self.store.set_item(job.id, item.index, error=error_body(exc)["error"])
+
+    async def _part(self, job: Job, item: Item, start: int, end: int, run: _Run) -> None:
+        """Render segments `start` to `end` of the item, retrying from where it stopped when the
+        model was busy (429: a full lane, or a full Serve queue) or slow to give a turn (504);
+        each part on its own, so parts waiting for room do not cancel the one rendering."""
         tries = 0
         while True:
             segments = self.store.segments(job.id, item.index)
-            windows = _windows(segments, await self._at_once())
-            if not windows:
+            first = next((s.part for s in segments[start:end] if s.samples is None), None)
+            if first is None:
                 return
             try:
-                await _all(self._render(job, item, segments, start, end, run)
-                           for start, end in windows)
+                await self._render(job, item, segments, first, end, run)
                 return
             except (Overloaded, RequestTimeout) as exc:
                 wait = RETRY_SECONDS[min(tries, len(RETRY_SECONDS) - 1)]
                 log.info("job %s: %s; retrying in %d s", job.id, exc.message, wait)
                 tries += 1
                 await asyncio.sleep(wait)
-            except (DiskFull, Cancelled):
-                raise
-            except VoxMuxError as exc:
-                if job.kind != "batch":
-                    raise
-                self.store.set_item(job.id, item.index, error=error_body(exc)["error"])
-                return
 
     async def _at_once(self) -> int:
         """Parts of an item rendered at once: `jobs_parallel`, or by default one in a single

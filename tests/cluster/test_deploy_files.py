@@ -36,7 +36,9 @@ def test_compose_runs_voxmux_on_the_cluster_with_redis(monkeypatch: pytest.Monke
     compose = yaml.safe_load((RAY / "compose.yaml").read_text())
     services = compose["services"]
     redis = " ".join(services["redis"]["command"])
-    assert "--maxmemory 320mb" in redis and "--maxmemory-policy allkeys-lru" in redis
+    # Jobs live in Redis too: it never evicts, and the two budgets fit under its guard.
+    assert "--maxmemory-policy noeviction" in redis and "--appendonly yes" in redis
+    guard = int(redis.split("--maxmemory ")[1].split("mb")[0]) * 2**20
     head, worker = services["ray-head"], services["ray-worker"]
     assert "voxmux serve --ray-address auto" in head["command"]
     assert "ray start --address=ray-head:6379" in worker["command"]
@@ -44,7 +46,7 @@ def test_compose_runs_voxmux_on_the_cluster_with_redis(monkeypatch: pytest.Monke
     settings = voxmux_env(env, monkeypatch)
     assert settings.cache_url == "redis://redis:6379/0"
     assert head["ports"] == [f"{settings.port}:{settings.port}"]
-    assert settings.cache_max_bytes < 320 * 2**20  # the guard sits above VoxMux's budget
+    assert settings.cache_max_bytes + settings.jobs_max_bytes < guard
     assert head["environment"]["RAY_AUTH_MODE"] == "token"
 
 

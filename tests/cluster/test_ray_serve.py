@@ -84,7 +84,8 @@ def cluster(ray_available: None, tmp_path_factory: pytest.TempPathFactory) -> It
     tmp = tmp_path_factory.mktemp("ray")
     with redis_server(tmp / "redis") as redis_url:
         settings = cluster_settings(tmp, cache_url=redis_url, ray_engine_replicas=2,
-                                    ray_models_per_replica=1, ray_ingress_replicas=2)
+                                    ray_models_per_replica=1, ray_ingress_replicas=2,
+                                    jobs_segment_chars=200)
         launch.start_local(settings, log_to_driver=False)
         try:
             url = launch.deploy(settings)
@@ -385,6 +386,37 @@ def written_since(before: dict[Path, int]) -> str:
             file.seek(before.get(path, 0))
             text.append(file.read().decode(errors="replace"))
     return "".join(text)
+
+
+def test_a_job_is_shared_by_the_ingress_replicas_and_spread_over_the_engines(
+        cluster: Deployed) -> None:
+    """With Redis, jobs live there (`VOXMUX_JOBS_STORE` auto): either ingress replica answers
+    for a job, and its chapter's parts render at once, one per engine replica (both replicas
+    render some), into audio Whisper hears."""
+    text = " ".join([*SENTENCES, *SENTENCES, *SENTENCES])
+    before = served(cluster, "piper")
+    with cluster.client() as http:
+        made = http.post("/v1/audio/jobs", json={"model": "piper",
+                                                 "input": text, "response_format": "wav"})
+        assert made.status_code == 202, made.text
+        job = made.json()["id"]
+        other = from_another_replica(lambda: httpx.get(f"{cluster.url}/v1/audio/jobs/{job}",
+                                                       timeout=30),
+                                     made.headers["x-voxmux-replica"])
+        assert other.status_code == 200 and other.json()["id"] == job
+        done = until(lambda: http.get(f"/v1/audio/jobs/{job}").json()["status"] == "done",
+                     timeout=120)
+        assert done
+        audio = decode(http.get(f"/v1/audio/jobs/{job}/audio").content, "wav")
+    assert audio.duration > 20
+    assert word_error_rate(" ".join(SENTENCES[:3]), hear(audio.samples[:int(
+        audio.sample_rate * 9)], audio.sample_rate).text) < 0.5
+    def rendering() -> list[str]:
+        after = served(cluster, "piper")
+        return [r for r in after if after[r] > before.get(r, 0)]
+
+    until(lambda: len(rendering()) == 2, timeout=30)
+    assert len(rendering()) == 2, served(cluster, "piper")  # both replicas rendered parts
 
 
 NARROW = {"ray_engine_replicas": 1, "ray_ingress_replicas": 2, "cache_url": None,

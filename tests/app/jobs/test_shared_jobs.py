@@ -1,0 +1,74 @@
+"""Jobs shared by several VoxMux processes through Redis (`VOXMUX_JOBS_STORE=redis`, what the
+ingress replicas of a Ray cluster do): any process answers for any job; a job whose process is
+killed with SIGKILL is taken over by another once its lease lapses and finishes sample for sample
+as an uninterrupted run (eSpeak NG is deterministic); a cancel sent to one process stops the job
+another is running."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.app.jobs.conftest import wait_job
+from tests.app.jobs.test_resume import server
+from tests.conftest import decode
+from tests.redisserver import redis_server
+
+TEXT = " ".join(["The lighthouse keeper climbed the stairs at dusk."] * 6 +
+                ["Ships passed far out beyond the rocks."] * 6) * 8
+SHARED = {"jobs_store": "redis", "jobs_lease_seconds": "2", "jobs_segment_chars": "60",
+          "cache_max_items": "0"}
+
+
+def _job(client: httpx.Client, text: str) -> str:
+    answer = client.post("/v1/audio/jobs", json={"model": "espeak", "voice": "en-us",
+                                                "input": text, "response_format": "wav"})
+    assert answer.status_code == 202, answer.text
+    return str(answer.json()["id"])
+
+
+def _chapter(client: httpx.Client, job_id: str) -> bytes:
+    done = wait_job(client, job_id, timeout=120)
+    assert done["status"] == "done", done
+    return client.get(done["chapters"][0]["audio"]).content
+
+
+def test_a_job_outlives_its_killed_process_and_a_cancel_reaches_another(tmp_path: Path) -> None:
+    with redis_server(tmp_path / "redis", policy="noeviction") as url:
+        shared = {**SHARED, "cache_url": url}
+        with server(tmp_path / "a", **shared) as (url_a, process_a), \
+                httpx.Client(base_url=url_a, timeout=60) as a:
+            job = _job(a, TEXT)
+            wait_job(a, job, until=("running",))
+            while a.get(f"/v1/audio/jobs/{job}").json()["progress"]["done"] < 3:
+                time.sleep(0.05)
+            os.kill(process_a.pid, signal.SIGKILL)
+            process_a.wait()
+        with server(tmp_path / "b", **shared) as (url_b, _), \
+                httpx.Client(base_url=url_b, timeout=60) as b:
+            card = b.get(f"/v1/audio/jobs/{job}").json()  # B answers for A's job at once
+            progress = card["progress"]
+            assert card["status"] == "running" and 3 <= progress["done"] < progress["total"]
+            resumed = _chapter(b, job)  # once A's lease lapsed, B took it and finished it
+            whole = _chapter(b, _job(b, TEXT))  # an uninterrupted run of the same text
+            assert decode(resumed, "wav").duration > 150
+            assert decode(resumed, "wav").samples.tobytes() == decode(
+                whole, "wav").samples.tobytes()
+            # A cancel sent to another process stops the job B runs (B claims the jobs made
+            # on it at once; C looks for jobs once a second).
+            with server(tmp_path / "c", **shared) as (url_c, _), \
+                    httpx.Client(base_url=url_c, timeout=60) as c:
+                long = _job(b, TEXT * 4)
+                wait_job(b, long, until=("running",))
+                cancelled = c.delete(f"/v1/audio/jobs/{long}").json()
+                assert cancelled["status"] == "cancelled", cancelled
+                time.sleep(2.5)  # B's runner looks every second
+                first = b.get(f"/v1/audio/jobs/{long}").json()["progress"]["done"]
+                time.sleep(1.5)
+                again = b.get(f"/v1/audio/jobs/{long}").json()
+                assert again["status"] == "cancelled"
+                assert again["progress"]["done"] == first < again["progress"]["total"]
