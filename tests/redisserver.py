@@ -18,13 +18,14 @@ REDIS_SERVER = shutil.which("redis-server")
 
 
 @contextmanager
-def redis_server(folder: Path, maxmemory: str = "64mb", policy: str = "allkeys-lru"
-                 ) -> Iterator[str]:
+def redis_server(folder: Path, maxmemory: str = "64mb", policy: str = "allkeys-lru",
+                 port: int | None = None) -> Iterator[str]:
     """A fresh server with no persistence, `maxmemory` and its eviction `policy` (LRU for a
-    cache; "noeviction" for data that must not be lost, such as jobs); yields its URL."""
+    cache; "noeviction" for data that must not be lost, such as jobs), on `port` or a free
+    one; yields its URL."""
     if REDIS_SERVER is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run does)")
-    port = free_port()
+    port = port or free_port()
     folder.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen(
         [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "",

@@ -73,7 +73,7 @@ from app.jobs.model import (
     Segment,
     StoreUnavailable,
 )
-from app.jobs.store import WordRow
+from app.jobs.store import WordRow, no_room
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +101,11 @@ return {1, redis.call('INCRBY', KEYS[1], delta)}
 """
 
 _UPDATE_JOB = """
--- KEYS: job; ARGV: field, value, ... Set only on a job that exists.
+-- KEYS: job; ARGV: field, value, ... Set only on a job that exists and has not ended (done,
+-- failed and cancelled are final: a cancel from another process is never overwritten).
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local status = redis.call('HGET', KEYS[1], 'status')
+if status == 'done' or status == 'failed' or status == 'cancelled' then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV))
 return 1
 """
@@ -210,11 +213,8 @@ class RedisJobStore:
             log.warning("jobs: the Redis at %s evicts keys (maxmemory-policy %s): jobs can be "
                         "lost; set maxmemory-policy noeviction", self._where, policy)
 
-    def _full(self, used: int) -> DiskFull:
-        return DiskFull(
-            f"The job store is full: {used} of {self.max_bytes} bytes used "
-            "(VOXMUX_JOBS_MAX_BYTES); delete finished jobs or raise the bound",
-            code="disk_full")
+    def _full(self, used: int, size: int) -> DiskFull:
+        return no_room(used, size, self.max_bytes)
 
     # -- making ------------------------------------------------------------------------------
 
@@ -238,7 +238,7 @@ class RedisJobStore:
                 raise ValueError(f"A job {job.id} is already stored")
             used = int(pipe.get(self._used) or 0)
             if used + size > self.max_bytes:
-                raise self._full(used)
+                raise self._full(used, size)
             pipe.multi()
             pipe.hset(job_key, mapping=fields)
             if item_rows:
@@ -385,7 +385,7 @@ class RedisJobStore:
         if outcome == 0:
             raise JobNotFound(f"Job {job_id} has no segment {seq} (deleted?)")
         if outcome < 0:
-            raise self._full(int(used))
+            raise self._full(int(used), len(pcm16))
 
     def add_file(self, job_id: str, name: str, size: int) -> None:
         """A file made from the job in this process's cache (its ZIP): it is this process's
@@ -396,7 +396,7 @@ class RedisJobStore:
         (only this process's own files are reserved from outside: see `add_file`)."""
         used = self.used
         if used + size > self.max_bytes:
-            raise self._full(used)
+            raise self._full(used, size)
 
     def delete(self, job_id: str) -> None:
         """Remove every key of the job (its lease too) and give its bytes back, at once; and
@@ -415,6 +415,15 @@ class RedisJobStore:
     def interrupted(self) -> list[str]:
         """Jobs queued or running (here: in any process), oldest first."""
         return [j.id for j in self._all_jobs() if j.status in ("queued", "running")]
+
+    def prune(self) -> None:
+        """Remove this process's cached files of jobs deleted by any process (a purge sent to
+        another process, retention there)."""
+        if not self.cache.is_dir():
+            return
+        for folder in self.cache.iterdir():
+            if self.job(folder.name) is None:
+                shutil.rmtree(folder, ignore_errors=True)
 
     # -- leases ------------------------------------------------------------------------------
 

@@ -62,6 +62,8 @@ log = logging.getLogger(__name__)
 
 RETRY_SECONDS = (1, 2, 5, 10, 30)
 """Waits before a job retries a model that was busy, longest last (then kept)."""
+OPEN_RETRY_SECONDS = 2.0
+"""How often a shared store that could not be opened (Redis not up yet) is tried again."""
 KEEP_SECONDS = 1.0
 """How often a process renews its leases and looks for jobs, cancels and progress made by
 other processes (shared store)."""
@@ -94,6 +96,7 @@ class JobRunner:
         claimed from it under a lease, not queued here."""
         self.worker = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._wake = asyncio.Event()
+        self._claiming: set[str] = set()
         self._runs: dict[str, _Run] = {}
         self._changed: dict[str, asyncio.Event] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -117,23 +120,41 @@ class JobRunner:
         self.shared = settings.jobs_store == "redis" or (
             settings.jobs_store == "auto" and bool(settings.cache_url)
             and self.service.fleet is not None)
+        if not await self._try_open():
+            if self.shared:  # a Redis that starts after VoxMux (compose, Kubernetes): wait
+                self._tasks = [asyncio.create_task(self._open_later(), name="jobs-open")]
+            return
+        self._start_workers()
+
+    async def _try_open(self) -> bool:
         try:
             self.store = await asyncio.to_thread(self._open)
         except (OSError, sqlite3.Error, StoreUnavailable) as exc:
             self.unavailable = (
                 f"The shared job store cannot be opened ({exc}); check VOXMUX_CACHE_URL"
                 if self.shared else
-                f"The job store in {settings.data_dir} cannot be opened ({exc}); "
+                f"The job store in {self.settings.data_dir} cannot be opened ({exc}); "
                 "set VOXMUX_DATA_DIR to a writable directory")
             log.error("jobs: %s", self.unavailable)
-            return
+            return False
+        self.unavailable = None
+        return True
+
+    async def _open_later(self) -> None:
+        """Try the shared store again every few seconds until it opens, then run jobs."""
+        while not await self._try_open():
+            await asyncio.sleep(OPEN_RETRY_SECONDS)
+        log.info("jobs: the shared job store is open")
+        self._start_workers()
+
+    def _start_workers(self) -> None:
         if not self.shared:  # (a shared store's jobs are claimed as their leases lapse)
             for job_id in self.store.interrupted():
                 self.store.set_status(job_id, "queued")
                 self._queue.put_nowait(job_id)
                 log.info("job %s: resumed after a restart", job_id)
-        self._tasks = [asyncio.create_task(self._worker(), name=f"jobs-{n}")
-                       for n in range(self.settings.jobs_concurrency)]
+        self._tasks += [asyncio.create_task(self._worker(), name=f"jobs-{n}")
+                        for n in range(self.settings.jobs_concurrency)]
         self._tasks.append(asyncio.create_task(self._sweep(), name="jobs-retention"))
 
     def _open(self) -> Store:
@@ -256,12 +277,22 @@ class JobRunner:
         """The next job to run: from this process's queue, or claimed from a shared store."""
         if not self.shared:
             return await self._queue.get()
+        store = self._leases()
         while True:
-            store = self._leases()
-            for job_id in await asyncio.to_thread(store.claimable):
-                if job_id not in self._runs and await asyncio.to_thread(
-                        store.claim, job_id, self.worker, self.settings.jobs_lease_seconds):
-                    return job_id
+            try:
+                for job_id in await asyncio.to_thread(store.claimable):
+                    if job_id in self._runs or job_id in self._claiming:
+                        continue  # another worker of this process has it (one lease each)
+                    self._claiming.add(job_id)
+                    try:
+                        if await asyncio.to_thread(store.claim, job_id, self.worker,
+                                                   self.settings.jobs_lease_seconds):
+                            self._runs[job_id] = _Run()  # before any other worker looks
+                            return job_id
+                    finally:
+                        self._claiming.discard(job_id)
+            except StoreUnavailable as exc:  # Redis away: look again, as long as it takes
+                log.warning("jobs: %s", exc.message)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(KEEP_SECONDS):
@@ -291,12 +322,18 @@ class JobRunner:
     async def _worker(self) -> None:
         while True:
             job_id = await self._next()
-            job = self.store.job(job_id)
+            run = self._runs.setdefault(job_id, _Run())
+            try:
+                job = self.store.job(job_id)
+            except StoreUnavailable as exc:
+                log.warning("job %s: %s", job_id, exc.message)
+                job = None
             if job is None or job.ended:
+                self._runs.pop(job_id, None)
                 if self.shared:
-                    self._leases().release(job_id, self.worker)
+                    with contextlib.suppress(StoreUnavailable):
+                        self._leases().release(job_id, self.worker)
                 continue
-            run = self._runs[job_id] = _Run()
             run.task = asyncio.create_task(self._run(job), name=f"job-{job_id}")
             keeper = asyncio.create_task(self._keep(job_id, run)) if self.shared else None
             try:
@@ -335,6 +372,9 @@ class JobRunner:
                     self.store.set_status(job.id, "cancelled")
                 return
             raise  # the server is stopping: the job stays `running`, to resume
+        except StoreUnavailable as exc:  # (shared) it resumes here or elsewhere, lease lapsed
+            log.warning("job %s stopped: %s", job.id, exc.message)
+            return
         except Exception as exc:
             self.store.set_status(job.id, "failed", error_body(exc)["error"])
             if not isinstance(exc, VoxMuxError):
@@ -374,9 +414,11 @@ class JobRunner:
             first = next((s.part for s in segments[start:end] if s.samples is None), None)
             if first is None:
                 return
+            # Up to the next stored segment: a finished segment is never rendered again.
+            stop = next((s.part for s in segments[first:end] if s.samples is not None), end)
             try:
-                await self._render(job, item, segments, first, end, run)
-                return
+                await self._render(job, item, segments, first, stop, run)
+                tries = 0
             except (Overloaded, RequestTimeout) as exc:
                 wait = RETRY_SECONDS[min(tries, len(RETRY_SECONDS) - 1)]
                 log.info("job %s: %s; retrying in %d s", job.id, exc.message, wait)
@@ -428,11 +470,15 @@ class JobRunner:
         """Delete finished jobs past their retention, at start and then hourly."""
         hours = self.settings.jobs_retention_hours
         while True:
-            if hours > 0:
-                for job_id in self.store.expired(time.time() - hours * 3600):
-                    self.store.delete(job_id)
-                    log.info("job %s: deleted after %g h (VOXMUX_JOBS_RETENTION_HOURS)",
-                             job_id, hours)
+            try:
+                if hours > 0:
+                    for job_id in self.store.expired(time.time() - hours * 3600):
+                        self.store.delete(job_id)
+                        log.info("job %s: deleted after %g h (VOXMUX_JOBS_RETENTION_HOURS)",
+                                 job_id, hours)
+                await asyncio.to_thread(self.store.prune)
+            except StoreUnavailable as exc:
+                log.warning("jobs: retention skipped: %s", exc.message)
             await asyncio.sleep(min(3600.0, max(60.0, hours * 3600)))
 
 

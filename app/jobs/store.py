@@ -66,6 +66,12 @@ WordRow = tuple[str, float, float, int, int]
 the item's text."""
 
 
+def no_room(used: int, size: int, max_bytes: int) -> DiskFull:
+    return DiskFull(
+        f"The job store has no room for {size} more bytes: {used} of {max_bytes} are used "
+        "(VOXMUX_JOBS_MAX_BYTES); delete finished jobs or raise the bound", code="disk_full")
+
+
 class Store(Protocol):
     """What the runner, the routes and the results read and write: `JobStore` here, or
     `app.jobs.redis_store.RedisJobStore` for processes sharing jobs."""
@@ -93,6 +99,7 @@ class Store(Protocol):
     def delete(self, job_id: str) -> None: ...
     def expired(self, older_than: float) -> list[str]: ...
     def interrupted(self) -> list[str]: ...
+    def prune(self) -> None: ...
     def close(self) -> None: ...
 
 
@@ -229,11 +236,12 @@ class JobStore:
 
     def set_status(self, job_id: str, status: JobStatus, error: dict[str, Any] | None = None
                    ) -> None:
+        """A job's new status; an ended one (done, failed, cancelled) keeps its own."""
         now = time.time()
         finished = now if status in FINISHED else None
         with self._write() as db:
             db.execute("UPDATE jobs SET status = ?, updated = ?, finished = ?, error = ? "
-                       "WHERE id = ?",
+                       "WHERE id = ? AND status NOT IN ('done', 'failed', 'cancelled')",
                        (status, now, finished, json.dumps(error) if error else None, job_id))
 
     def set_item(self, job_id: str, index: int, *, sample_rate: int | None = None,
@@ -284,10 +292,7 @@ class JobStore:
     def _reserve(self, size: int) -> None:
         with self._lock:
             if self.used + size > self.max_bytes:
-                raise DiskFull(
-                    f"The job store is full: {self.used} of {self.max_bytes} bytes used "
-                    "(VOXMUX_JOBS_MAX_BYTES); delete finished jobs or raise the bound",
-                    code="disk_full")
+                raise no_room(self.used, size, self.max_bytes)
             self.used += size
 
     def _release(self, size: int) -> None:
@@ -314,6 +319,10 @@ class JobStore:
         rows = self._all("SELECT id FROM jobs WHERE status IN ('queued', 'running') "
                          "ORDER BY created")
         return [r[0] for r in rows]
+
+
+    def prune(self) -> None:
+        """Nothing to do: every file here belongs to a job of this store."""
 
 
 def _job(row: tuple[Any, ...]) -> Job:

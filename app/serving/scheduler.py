@@ -23,6 +23,7 @@ the job's segment under way, however long the book.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import threading
 from collections import deque
@@ -273,8 +274,9 @@ class Lane:
         except BaseException as exc:
             if waiter.granted:  # the turn arrived as we gave up: pass it on
                 self._release()
-            elif background:
-                self._background.remove(waiter)
+            elif background:  # (already dropped if its future was cancelled before its turn)
+                with contextlib.suppress(ValueError):
+                    self._background.remove(waiter)
             else:
                 self._round.remove(waiter)
             if isinstance(exc, TimeoutError):

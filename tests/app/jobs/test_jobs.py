@@ -231,3 +231,37 @@ def test_a_chapters_missing_segments_are_cut_into_parts(done: list[int], at_once
 
     segments = [Segment(n, 0, n, "x", 0, 100 if n in done else None) for n in range(10)]
     assert _windows(segments, at_once) == parts
+
+
+def test_a_resumed_part_never_renders_a_stored_segment_again(
+        espeak_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Segments 2, 3 and 6 of 8 stored (a job whose parts ran at once, stopped): the part that
+    resumes it renders the gaps only (a neural engine would replace stored audio otherwise)."""
+    import asyncio
+    import time
+
+    from app.jobs.model import Item, ItemOptions, Job, Segment
+    from app.jobs.runner import _Run
+
+    runner = espeak_server.app.state.jobs
+    store = runner.store
+    now = time.time()
+    job = Job("job_gaps", "anonymous", "book", "running", now, now, {})
+    items = [Item(0, "", "x " * 8, ItemOptions("espeak"), sample_rate=22050)]
+    store.create(job, items, [Segment(n, 0, n, "x", 2 * n) for n in range(8)])
+    try:
+        for seq in (2, 3, 6):
+            store.finish_segment(job.id, seq, b"\0\0" * 10, [])
+        rendered: list[tuple[int, int]] = []
+
+        async def render(job: Job, item: Item, segments: list[Segment], first: int, stop: int,
+                         run: _Run) -> None:
+            rendered.append((first, stop))
+            for seq in range(first, stop):
+                store.finish_segment(job.id, seq, b"\0\0" * 10, [])
+
+        monkeypatch.setattr(runner, "_render", render)
+        asyncio.run(runner._part(job, items[0], 0, 8, _Run()))
+        assert rendered == [(0, 2), (4, 6), (7, 8)]
+    finally:
+        store.delete(job.id)

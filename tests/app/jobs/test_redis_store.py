@@ -328,3 +328,22 @@ def test_redis_out_of_memory_is_disk_full(tmp_path: Path) -> None:
         stored = {k for k in keys(url, "voxmux:jobs:") if ":audio:" in k}
         assert len(stored) == done
         store.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_an_ended_job_keeps_its_status(kind: str, redis_url: str, prefix: str,
+                                       tmp_path: Path) -> None:
+    """Done, failed and cancelled are final: a cancel from another process is never turned
+    back into `done` or `running` by the process that was running the job."""
+    store: Any = (JobStore(tmp_path, 10**6) if kind == "sqlite"
+                  else RedisJobStore(redis_url, tmp_path, 10**6, prefix))
+    try:
+        store.create(*small_job("job_final"))
+        store.set_status("job_final", "running")
+        store.set_status("job_final", "cancelled")
+        for later in ("running", "done", "failed"):
+            store.set_status("job_final", later)
+            assert store.job("job_final").status == "cancelled"
+        assert store.job("job_final").finished is not None
+    finally:
+        store.close()

@@ -380,3 +380,23 @@ def test_a_client_that_hangs_up_frees_the_slot(small_server: LiveServer) -> None
     assert row["status"] == "cancelled", row
     assert row["segments_done"] < row["segments"]
     assert lane.state() == LaneState(0, 0, 0)
+
+
+async def test_a_background_waiter_cancelled_as_the_turn_passes_leaves_cleanly() -> None:
+    """A job part cancelled while it waits (a cancelled job with parts at once): the turn that
+    ends at that moment skips it; its own clean-up finds it gone and ends as a plain cancel
+    (a ValueError from the queue replaced the cancel before)."""
+    lane = Lane("m", concurrency=1, queue_size=8)
+
+    async def background(ticket: str) -> None:
+        async with lane.turn(ticket, None, background=True):
+            await asyncio.sleep(0)
+
+    async with lane.turn("interactive", None):
+        first = asyncio.create_task(background("first"))
+        second = asyncio.create_task(background("second"))
+        await asyncio.sleep(0.01)  # both wait
+        first.cancel()  # its future is cancelled now; its task runs its clean-up later
+    results = await asyncio.gather(first, second, return_exceptions=True)
+    assert isinstance(results[0], asyncio.CancelledError), results
+    assert results[1] is None
