@@ -20,7 +20,7 @@ from tests.conftest import LiveServer, decode, free_port, start_server, test_set
 from tests.redisserver import redis_server
 
 TEXT = " ".join(["The lighthouse keeper climbed the stairs at dusk."] * 6 +
-                ["Ships passed far out beyond the rocks."] * 6) * 8
+                ["Ships passed far out beyond the rocks."] * 6) * 4
 SHARED = {"jobs_store": "redis", "jobs_lease_seconds": "2", "jobs_segment_chars": "60",
           "cache_max_items": "0"}
 
@@ -56,14 +56,14 @@ def test_a_job_outlives_its_killed_process_and_a_cancel_reaches_another(tmp_path
             assert card["status"] == "running" and 3 <= progress["done"] < progress["total"]
             resumed = _chapter(b, job)  # once A's lease lapsed, B took it and finished it
             whole = _chapter(b, _job(b, TEXT))  # an uninterrupted run of the same text
-            assert decode(resumed, "wav").duration > 150
+            assert decode(resumed, "wav").duration > 75
             assert decode(resumed, "wav").samples.tobytes() == decode(
                 whole, "wav").samples.tobytes()
             # A cancel sent to another process stops the job B runs (B claims the jobs made
             # on it at once; C looks for jobs once a second).
             with server(tmp_path / "c", **shared) as (url_c, _), \
                     httpx.Client(base_url=url_c, timeout=60) as c:
-                long = _job(b, TEXT * 4)
+                long = _job(b, TEXT * 8)
                 wait_job(b, long, until=("running",))
                 cancelled = c.delete(f"/v1/audio/jobs/{long}").json()
                 assert cancelled["status"] == "cancelled", cancelled
@@ -91,7 +91,7 @@ def test_a_redis_outage_pauses_jobs_and_they_go_on(tmp_path: Path) -> None:
         admin = redis.Redis.from_url(url)
         try:
             with live.client() as client:
-                job = _job(client, TEXT[:4000])
+                job = _job(client, TEXT)
                 while client.get(f"/v1/audio/jobs/{job}").json()["progress"]["done"] < 3:
                     time.sleep(0.05)
                 admin.config_set("requirepass", "outage")
