@@ -14,6 +14,7 @@ import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -68,33 +69,53 @@ def ndjson_line(body: dict[str, Any]) -> bytes:
     return (json.dumps(body, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
 
+@dataclass(frozen=True)
+class EncodedSegment:
+    """One segment's audio as the encoder gave it, its words, and its span in the text sent;
+    the last one (`span` None) is the encoder's tail."""
+
+    audio: bytes
+    words: list[WordTiming]
+    span: tuple[int, int] | None
+
+
+async def encoded_segments(job: SpeechJob, events: AsyncIterator[JobEvent],
+                           encoder: StreamEncoder) -> AsyncIterator[EncodedSegment]:
+    """A job's events grouped segment by segment (captioned and ElevenLabs' streamed lines)."""
+    pending, words = b"", []
+    offsets = job.plan.offsets
+    async for event in events:
+        if isinstance(event, np.ndarray):
+            pending += await encode(encoder, event)
+        elif isinstance(event, SegmentWords):
+            words = list(event.words)
+        elif isinstance(event, SegmentEnd):
+            start = offsets[event.index] if event.index < len(offsets) else 0
+            yield EncodedSegment(pending, words,
+                                 job.plan.source_span(start, start + len(event.text)))
+            pending, words = b"", []
+    yield EncodedSegment(pending + await encode(encoder, None), [], None)
+
+
 def stream_response(job: SpeechJob, fmt: str, caption: CaptionFormat | None) -> JobResponse:
     async def lines(job: SpeechJob, events: AsyncIterator[JobEvent], encoder: StreamEncoder
                     ) -> AsyncIterator[bytes]:
         content_type = CONTENT_TYPES[fmt]
-        pending = b""
-        segment: list[WordTiming] = []
         every: list[WordTiming] = []
-        offsets = job.plan.offsets
+        tail = b""
         try:
-            async for event in events:
-                if isinstance(event, np.ndarray):
-                    pending += await encode(encoder, event)
-                elif isinstance(event, SegmentWords):
-                    segment = list(event.words)
-                    every += segment
-                elif isinstance(event, SegmentEnd):
-                    start = offsets[event.index] if event.index < len(offsets) else 0
-                    low, high = job.plan.source_span(start, start + len(event.text))
-                    yield ndjson_line(_timed(job, {"audio": base64.b64encode(pending).decode(),
-                                             "audio_format": content_type},
-                                       segment, low, high))
-                    pending, segment = b"", []
-            pending += await encode(encoder, None)
+            async for piece in encoded_segments(job, events, encoder):
+                if piece.span is None:
+                    tail = piece.audio
+                    break
+                every += piece.words
+                yield ndjson_line(_timed(job, {"audio": base64.b64encode(piece.audio).decode(),
+                                               "audio_format": content_type},
+                                         piece.words, *piece.span))
         except Exception as exc:  # the stream is already 200: report, never a broken socket
             yield ndjson_line(error_body(exc))
             return
-        last: dict[str, Any] = {"audio": base64.b64encode(pending).decode(),
+        last: dict[str, Any] = {"audio": base64.b64encode(tail).decode(),
                                 "audio_format": content_type}
         if job.plan.timestamps:
             last |= {"timestamps": [], "alignment": alignment("", [], 0, 0)}

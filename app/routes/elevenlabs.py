@@ -11,7 +11,6 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import numpy as np
 from fastapi import APIRouter, FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
@@ -21,13 +20,13 @@ from app.http.auth import MESSAGE, authenticator
 from app.http.clients import client_id
 from app.http.errors import InvalidApiKey, shape_errors
 from app.protocols import elevenlabs as el
-from app.protocols.captioned import ndjson_line
+from app.protocols.captioned import encoded_segments, ndjson_line
 from app.protocols.elevenlabs_ws import ElevenLabsFraming, StreamInput
 from app.protocols.native import whole_timed
-from app.protocols.openai import JobResponse, audio_bytes, encode, warnings_header
+from app.protocols.openai import JobResponse, audio_bytes, warnings_header
 from app.protocols.timestamps import alignment
 from app.routes.ws import idle_timeout, serve
-from app.serving.events import JobEvent, SegmentEnd, SegmentWords
+from app.serving.events import JobEvent
 from app.serving.job import SpeechJob
 from app.serving.service import SpeechService
 from engines.base import InvalidParameter, VoiceNotFound, WordTiming
@@ -110,30 +109,22 @@ async def stream_with_timestamps(voice_id: str, request: Request) -> Response:
 
     async def lines(job: SpeechJob, events: AsyncIterator[JobEvent], encoder: StreamEncoder
                     ) -> AsyncIterator[bytes]:
-        pending, words, spoken = b"", [], 0.0
-        offsets = job.plan.offsets
         # Characters of the text aligned so far: each line aligns from there to the end of its
-        # segment, so the lines' characters joined are the text sent (spaces between included).
-        covered = 0
+        # segment, so the lines' characters joined are the text sent (spaces between included);
+        # characters after the last word are timed from where the words before them ended.
+        covered, spoken = 0, 0.0
         try:
-            async for event in events:
-                if isinstance(event, np.ndarray):
-                    pending += await encode(encoder, event)
-                elif isinstance(event, SegmentWords):
-                    words = list(event.words)
-                elif isinstance(event, SegmentEnd):
-                    start = offsets[event.index] if event.index < len(offsets) else 0
-                    high = job.plan.source_span(start, start + len(event.text))[1]
-                    yield ndjson_line(_chunk(job, pending, words, covered, max(covered, high),
-                                             spoken))
-                    spoken = max([spoken, *(w.end for w in words)])
-                    pending, words, covered = b"", [], max(covered, high)
-            pending += await encode(encoder, None)
+            async for piece in encoded_segments(job, events, encoder):
+                if piece.span is None:
+                    if piece.audio or covered < len(job.plan.caption_text):
+                        yield ndjson_line(_chunk(job, piece.audio, [], covered, None, spoken))
+                    return
+                high = max(covered, piece.span[1])
+                yield ndjson_line(_chunk(job, piece.audio, piece.words, covered, high, spoken))
+                spoken = max([spoken, *(w.end for w in piece.words)])
+                covered = high
         except Exception as exc:  # already a 200: the failure is the last line
             yield ndjson_line(json.loads(bytes(el.error(exc).body)))
-            return
-        if pending or covered < len(job.plan.caption_text):
-            yield ndjson_line(_chunk(job, pending, [], covered, None, spoken))
 
     return JobResponse(job, out.fmt, lines, "application/json", {"Cache-Control": "no-cache"},
                        rate=out.rate, bit_rate=out.bit_rate, errors=el.error)
