@@ -15,7 +15,6 @@ as sent.
 
 from __future__ import annotations
 
-import contextlib
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -182,12 +181,12 @@ def find_voice(service: SpeechService, name: str) -> tuple[str, Any] | None:
 
 
 def voices(service: SpeechService, table: dict[str, ElevenLabsVoice]) -> list[dict[str, Any]]:
-    """Every VoxMux voice, then the ElevenLabs ids whose VoxMux voice is installed."""
-    listed = [voice_json(h.id, v) for h in service.models() for v in h.engine.voices()]
-    for voice_id, alias in table.items():
-        with contextlib.suppress(VoxMuxError):
-            if (found := find_voice(service, alias.voice)) is not None:
-                listed.append(voice_json(*found, (voice_id, alias)))
+    """Every VoxMux voice, then the ElevenLabs ids whose VoxMux voice is installed (each
+    model's voices read once)."""
+    installed = {f"{h.id}:{v.id}": (h.id, v) for h in service.models() for v in h.engine.voices()}
+    listed = [voice_json(model, voice) for model, voice in installed.values()]
+    listed += [voice_json(*installed[alias.voice], (voice_id, alias))
+               for voice_id, alias in table.items() if alias.voice in installed]
     return listed
 
 

@@ -55,8 +55,8 @@ class Options(BaseModel):
 
 
 class StreamInput:
-    """The input mode: text messages until `{"text": ""}`. `sent` is every character of text
-    the client sent, in order (the alignment's characters come from it)."""
+    """The input mode: text messages until `{"text": ""}`. It keeps the text sent and not yet
+    aligned (`spaces_before`), so the alignment carries the client's spaces between sentences."""
 
     def __init__(self, voice_id: str, query: dict[str, str], idle_timeout: float, *,
                  key_check: Authenticator | None = None) -> None:
@@ -65,7 +65,7 @@ class StreamInput:
         self.idle_timeout: float | None = idle_timeout
         self.key_check = key_check
         """Set when no key came with the handshake: the first message must carry one."""
-        self.sent = ""
+        self._unaligned = ""
         self._pending = ""
 
     async def open(self, session: Session) -> tuple[BaseModel, str | None]:
@@ -73,7 +73,7 @@ class StreamInput:
         if self.key_check is not None and not self.key_check.match(first.xi_api_key):
             raise InvalidApiKey(MESSAGE)
         self._pending = first.text if first.text.strip() else ""
-        self.sent = self._pending
+        self._unaligned = self._pending
         return Options(voice_id=self.voice_id, model_id=self.query.get("model_id"),
                        output_format=self.query.get("output_format"),
                        language_code=self.query.get("language_code"), first=first), None
@@ -93,7 +93,7 @@ class StreamInput:
         if text == "" and not flush:
             feed.end()
             return
-        self.sent += text
+        self._unaligned += text
         feed.feed(text)
         if flush:
             feed.flush()
@@ -103,6 +103,16 @@ class StreamInput:
         assert isinstance(feed, TextFeed)
         self._feed_pending(feed)  # a first message's text, then silence: it is spoken
         feed.end()
+
+    def spaces_before(self, sentence: str) -> str | None:
+        """The spaces sent before `sentence` (after the sentence before it), None if it is not
+        next in the text sent; the text up to its end is then dropped, so only what is not
+        spoken yet is kept."""
+        found = self._unaligned.find(sentence)
+        if found < 0 or self._unaligned[:found].strip():
+            return None
+        spaces, self._unaligned = self._unaligned[:found], self._unaligned[found + len(sentence):]
+        return spaces
 
     def _feed_pending(self, feed: TextFeed) -> None:
         if self._pending:
@@ -131,8 +141,6 @@ class ElevenLabsFraming:
 
     def __init__(self, source: StreamInput) -> None:
         self._source = source
-        self._cursor = 0
-        """How much of the text sent the alignment has covered."""
         self._out: _EncodedOut | None = None
         self._format = el.output_format(None)
         self._alignment: dict[str, list[Any]] | None = None
@@ -173,13 +181,12 @@ class ElevenLabsFraming:
         ends = chars["character_end_times_seconds"]
         # The sentence is a stretch of the text sent, less the spaces around it: those before
         # it (after the last sentence) lead its characters, at its first character's time.
-        sent, found = self._source.sent, self._source.sent.find(words.text, self._cursor)
-        if found >= 0 and not sent[self._cursor:found].strip():
-            gap = sent[self._cursor:found]
+        gap = self._source.spaces_before(words.text)
+        if gap:
+            at = starts[0] if starts else 0.0
             chars["characters"][:0] = list(gap)
-            starts[:0] = [starts[0] if starts else 0.0] * len(gap)
-            ends[:0] = [starts[0] if starts else 0.0] * len(gap)
-            self._cursor = found + len(words.text)
+            starts[:0] = [at] * len(gap)
+            ends[:0] = [at] * len(gap)
         self._alignment = {"chars": chars["characters"],
                            "charStartTimesMs": [_ms(s) for s in starts],
                            "charsDurationsMs": [_ms(e - s) for s, e in zip(starts, ends,
