@@ -8,8 +8,10 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +53,11 @@ def command(ray_available: None, tmp_path_factory: pytest.TempPathFactory) -> It
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, replicas=1)
+        # Wyoming listens once the application is up, a moment after HTTP answers /health.
+        deadline = time.monotonic() + 60
+        while not _listening(wyoming):
+            assert time.monotonic() < deadline and process.poll() is None, "no Wyoming"
+            time.sleep(0.1)
         yield Command(process, url, log, wyoming)
     finally:
         if process.poll() is None:
@@ -138,6 +145,12 @@ def test_sigterm_drains_the_stream_under_way_and_stops_cleanly(command: Command)
     leftover = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _group(p) ==
                 command.process.pid]
     assert not leftover, [(p / "cmdline").read_bytes() for p in leftover]
+
+
+def _listening(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
 
 
 def _group(proc: Path) -> int | None:
