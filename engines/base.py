@@ -171,6 +171,17 @@ class TimedEngine(Protocol):
 
 
 @runtime_checkable
+class Placed(Protocol):
+    """An engine whose work runs on an onnxruntime execution provider. Optional: the status
+    routes say which provider each model really runs on (CUDA, or the CPU it fell back to);
+    an engine without it (eSpeak NG) runs on the host CPU and reports nothing."""
+
+    def providers(self) -> tuple[str, ...]:
+        """The providers its open sessions run on, in onnxruntime's order of preference
+        (`get_providers()`, union over its sessions); empty while unloaded."""
+
+
+@runtime_checkable
 class Fingerprinted(Protocol):
     """An engine that names what a voice's audio is made from. Optional, but without it the audio
     cache cannot tell that a voice's files changed: it keys such an engine by its name only."""

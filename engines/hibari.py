@@ -48,7 +48,7 @@ from engines.base import (
 from engines.frontend import base_language
 from engines.frontend.ipa import to_engine
 from engines.frontend.spans import Spanned
-from engines.onnx import RuntimeOptions, open_session, run, with_outputs
+from engines.onnx import RuntimeOptions, open_session, run, session_providers, with_outputs
 from engines.signature import digest, file_digest, package_versions
 from engines.voicescan import VoiceChanges, diff
 
@@ -390,6 +390,9 @@ class HibariEngine:
     @property
     def loaded(self) -> bool:
         return self._loaded
+
+    def providers(self) -> tuple[str, ...]:
+        return session_providers(v.session for v in list(self._voices.values()))
 
     def voices(self) -> list[Voice]:
         return [Voice(id=v.name, name=v.name, model=self.name, language=v.language,

@@ -52,7 +52,7 @@ from engines.frontend import (
 from engines.frontend.espeak_voices import espeak_language
 from engines.frontend.ipa import to_engine
 from engines.kokoro_float import Precision, float_graph
-from engines.onnx import RuntimeOptions, open_session, run, with_outputs
+from engines.onnx import RuntimeOptions, open_session, run, session_providers, with_outputs
 from engines.signature import digest, package_versions
 from engines.voicescan import VoiceChanges, diff
 
@@ -241,6 +241,9 @@ class KokoroEngine:
     @property
     def loaded(self) -> bool:
         return self._session is not None
+
+    def providers(self) -> tuple[str, ...]:
+        return session_providers([self._session])
 
     def rescan(self) -> VoiceChanges:
         """Re-read the user voice dir; a user file may replace an embedded voice of its name."""

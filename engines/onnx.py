@@ -15,6 +15,7 @@ import functools
 import importlib.util
 import logging
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,6 +198,15 @@ def open_session(model: Path | bytes, options: RuntimeOptions,
     session = _create(model, options, intra_op_threads)
     options.note_in_use(list(session.get_providers()))
     return session
+
+
+def session_providers(sessions: Iterable[Any]) -> tuple[str, ...]:
+    """The providers `sessions` run on, in order of first mention; closed ones (None) skipped."""
+    found: dict[str, None] = {}
+    for session in sessions:
+        if session is not None:
+            found.update(dict.fromkeys(session.get_providers()))
+    return tuple(found)
 
 
 def run(session: Any, feeds: dict[str, Any], cancel: CancelToken,

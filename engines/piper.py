@@ -41,7 +41,7 @@ from engines.base import (
 from engines.espeak_lib import espeak
 from engines.frontend import IPA, espeak_runs_spanned, ja
 from engines.frontend.ipa import to_engine
-from engines.onnx import RuntimeOptions, open_session, run, with_outputs
+from engines.onnx import RuntimeOptions, open_session, run, session_providers, with_outputs
 from engines.signature import digest, file_digest, package_versions
 from engines.voicescan import VoiceChanges, diff
 
@@ -237,6 +237,9 @@ class PiperEngine:
     @property
     def loaded(self) -> bool:
         return self._loaded
+
+    def providers(self) -> tuple[str, ...]:
+        return session_providers(m.session for m in list(self._models.values()))
 
     def _voice_ids(self) -> dict[str, tuple[PiperModel, int | None]]:
         ids: dict[str, tuple[PiperModel, int | None]] = {}

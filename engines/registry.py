@@ -26,7 +26,7 @@ from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
 from engines import heap
-from engines.base import Engine, EngineBusy, LoadFailed, ModelNotFound, public_text
+from engines.base import Engine, EngineBusy, LoadFailed, ModelNotFound, Placed, public_text
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,8 @@ class ModelState:
     last_used: float | None
     """Wall-clock time of the last lease or release."""
     current: bool
+    providers: tuple[str, ...] = ()
+    """Execution providers the loaded model runs on (`ModelHandle.providers`)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,14 @@ class ModelHandle(Generic[L]):
     @property
     def id(self) -> str:
         return self.entry.id
+
+    @property
+    def providers(self) -> tuple[str, ...]:
+        """The onnxruntime providers the model runs on now (CUDA, or the CPU it fell back to);
+        empty while it is not ready, or for an engine that does not run on one."""
+        if self.status is not ModelStatus.READY or not isinstance(self.engine, Placed):
+            return ()
+        return self.engine.providers()
 
 
 class EngineRegistry(Generic[L]):
@@ -427,4 +437,5 @@ def _snapshot(handle: ModelHandle[Any]) -> ModelState:
         loaded_at=handle.loaded_at,
         last_used=handle.last_used,
         current=handle.current,
+        providers=handle.providers,
     )

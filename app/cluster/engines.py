@@ -236,7 +236,8 @@ class Engines:
                 load_seconds=handle.load_seconds, running=lane.running, queued=lane.queued,
                 in_flight=lane.in_flight, slots=handle.lane.concurrency,
                 draining=handle.id in self._draining,
-                served=self._served[handle.id], rendered=self._rendered[handle.id])
+                served=self._served[handle.id], rendered=self._rendered[handle.id],
+                providers=handle.providers)
         return ReplicaState(self.replica, self.node, models, self._preloading, time.time())
 
     async def _report_loop(self) -> None:

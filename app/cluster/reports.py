@@ -35,8 +35,11 @@ LOCAL_REPORT_MS = 1000
 SEEN, PRELOADING, MODEL = ("voxmux_replica_seen_seconds", "voxmux_replica_preloading",
                            "voxmux_replica_model")
 STATUSES = list(ModelStatus)
-NUMERIC = [f.name for f in fields(ReplicaModel) if f.name not in ("status", "error")]
+NUMERIC = [f.name for f in fields(ReplicaModel)
+           if f.name not in ("status", "error", "providers")]
 """The fields of a `ReplicaModel` carried as numbers (`status` as its index in `STATUSES`)."""
+PROVIDER = "provider:"
+"""`field` prefix of a model's providers: `provider:<name>` is its rank from 1, 0 once gone."""
 
 
 class ReplicaGauges:
@@ -54,6 +57,7 @@ class ReplicaGauges:
                             " is an index: unloaded, loading, ready, error)",
                             tag_keys=("node", "model", "field"))  # type: ignore[arg-type]
         self._known: set[str] = set()
+        self._providers: dict[str, tuple[str, ...]] = {}
 
     def publish(self, state: ReplicaState) -> None:
         for model_id in self._known - set(state.models):  # gone here: say so, not silence
@@ -64,6 +68,11 @@ class ReplicaGauges:
             for name in NUMERIC:
                 value = getattr(model, name)
                 self._model.set(float(value or 0), tags={**tags, "field": name})
+            for provider in set(self._providers.get(model_id, ())) - set(model.providers):
+                self._model.set(0, tags={**tags, "field": PROVIDER + provider})
+            for rank, provider in enumerate(model.providers, 1):
+                self._model.set(rank, tags={**tags, "field": PROVIDER + provider})
+            self._providers[model_id] = model.providers
         self._known |= set(state.models)
         self._preloading.set(float(state.preloading), tags=self._node)
         self._seen.set(state.updated, tags=self._node)
@@ -107,7 +116,10 @@ def parse(texts: list[str], application: str, deployments: set[str]) -> list[Rep
                 numbers[name] = int(numbers[name])
             numbers["draining"] = bool(numbers["draining"])
             numbers["load_seconds"] = numbers["load_seconds"] or None
-            models[model_id] = ReplicaModel(status=status, error=None, **numbers)
+            ranked = sorted((rank, name.removeprefix(PROVIDER)) for name, rank in figures.items()
+                            if name.startswith(PROVIDER) and rank > 0)
+            models[model_id] = ReplicaModel(status=status, error=None,
+                                            providers=tuple(p for _, p in ranked), **numbers)
         states.append(ReplicaState(replica, node, models, preloading.get(replica, False),
                                    updated))
     return sorted(states, key=lambda s: s.id)

@@ -1,7 +1,9 @@
 """`GET /health`: `ok` whenever the server can serve, an idle one included (LunaVox's clients know
 `ok`, `loading` and `error`); `idle: true` says that no model is loaded (the next request loads
 its model). `loading` until the preloaded models are ready; `degraded` names a problem: a model
-in error, CUDA asked for but missing."""
+in error, CUDA asked for but missing. Each model says which onnxruntime providers it really runs
+on (`providers`: CUDA first, or only the CPU it fell back to; empty while unloaded and for
+eSpeak NG, which runs on the host CPU)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ async def health(request: Request, service: ServiceDep) -> Health:
     replicas = await service.replicas()
     views = await service.model_views(replicas)
     models = {
-        model_id: {"status": v.status, "refcount": v.refcount, "error": v.error}
+        model_id: {"status": v.status, "refcount": v.refcount, "error": v.error,
+                   "providers": list(v.providers)}
         for model_id, v in views.items()
     }
     warnings = list(request.app.state.runtime.fallbacks)

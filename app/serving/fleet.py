@@ -40,6 +40,8 @@ class ReplicaModel:
     model."""
     rendered: int = 0
     """Segments this replica has rendered for the model."""
+    providers: tuple[str, ...] = ()
+    """onnxruntime providers the model runs on here (`ModelHandle.providers`)."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,9 @@ class ModelView:
     """On a cluster: the engine replicas holding the model."""
     slots: int = 0
     """Engine calls the model can run at once (summed over the replicas that have it ready)."""
+    providers: tuple[str, ...] = ()
+    """onnxruntime providers the model runs on (on a cluster: on any replica, in order of first
+    mention); empty while not ready and for engines that use none."""
 
 
 def local_views(handles: Iterable[ModelHandle[Lane]]) -> dict[str, ModelView]:
@@ -118,7 +123,8 @@ def local_views(handles: Iterable[ModelHandle[Lane]]) -> dict[str, ModelView]:
         lane = handle.lane.state()
         views[handle.id] = ModelView(handle.status, handle.refcount, handle.error,
                                      handle.load_seconds, handle.current, lane.running,
-                                     lane.queued, lane.in_flight, slots=handle.lane.concurrency)
+                                     lane.queued, lane.in_flight, slots=handle.lane.concurrency,
+                                     providers=handle.providers)
     return views
 
 
@@ -148,5 +154,6 @@ def fleet_views(model_ids: Iterable[str], replicas: list[ReplicaState]) -> dict[
             in_flight=sum(s.in_flight for _, s in states),
             replicas=holders,
             slots=sum(s.slots for _, s in states if s.status is ModelStatus.READY),
+            providers=tuple(dict.fromkeys(p for _, s in states for p in s.providers)),
         )
     return views

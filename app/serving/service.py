@@ -508,6 +508,7 @@ class SpeechService:
                 "active": view.running,
                 "queued": view.queued,
                 "running": view.in_flight,
+                "providers": list(view.providers),
             }
             if view.replicas is not None:
                 models[model_id]["replicas"] = list(view.replicas)  # type: ignore[index]

@@ -188,6 +188,14 @@ class ModelRow:
     default_voice: str
     aliases: tuple[str, ...]
     current: bool
+    runs_on: str
+    """Where the loaded model runs: `CUDA`, `CPU`, ... (its first onnxruntime provider), empty
+    while unloaded and for engines that use none."""
+
+
+def device_name(providers: tuple[str, ...]) -> str:
+    """`CUDAExecutionProvider` -> `CUDA`: the provider a model's work goes to first."""
+    return providers[0].removesuffix("ExecutionProvider") if providers else ""
 
 
 def model_rows(service: SpeechService, views: dict[str, ModelView]) -> list[ModelRow]:
@@ -204,6 +212,7 @@ def model_rows(service: SpeechService, views: dict[str, ModelView]) -> list[Mode
             default_voice=handle.entry.default_voice,
             aliases=handle.entry.aliases,
             current=views[handle.id].current,
+            runs_on=device_name(views[handle.id].providers),
         )
         for handle in service.models()
     ]

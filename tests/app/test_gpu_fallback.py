@@ -45,6 +45,8 @@ def test_cuda_requested_serves_on_cpu_and_health_is_degraded(
         pytest.skip("this machine runs CUDA")
     assert health["status"] == "degraded"
     assert health["models"]["piper"]["status"] == "ready"
+    for model in ("piper", "kokoro"):  # each model says it runs on the CPU it fell back to
+        assert health["models"][model]["providers"] == [CPU], model
     (warning,) = health["warnings"]
     assert warning.startswith(f"{CUDA} requested but ")
     assert ("not available in this onnxruntime" in warning

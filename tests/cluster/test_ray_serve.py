@@ -199,6 +199,7 @@ def test_requests_go_to_the_replica_that_holds_the_model(cluster: Deployed) -> N
         metrics = http.get("/metrics").text
     assert card["status"] == "ready" and card["replicas"] == [holder]
     assert health["status"] == "ok" and len(health["cluster"]["replicas"]) == 2
+    assert health["models"]["piper"]["providers"] == ["CPUExecutionProvider"]  # the replica's
     assert 'voxmux_replica_model_loaded{model="piper",' in metrics
     assert f'replica="{holder}"}} 1.0' in metrics and "voxmux_replicas 2.0" in metrics
 

@@ -19,6 +19,10 @@ def exported(replica: str, seen: float, model: str, status: ModelStatus, refcoun
         f"{STATUSES.index(status)}",
         f'ray_voxmux_replica_model{{{tags},model="{model}",field="refcount"}} {refcount}',
         f'ray_voxmux_replica_model{{{tags},model="{model}",field="draining"}} 1',
+        # the model's providers by rank; one it ran on before a reload is 0
+        *(f'ray_voxmux_replica_model{{{tags},model="{model}",field="provider:{name}"}} {rank}'
+          for name, rank in (("CPUExecutionProvider", 2), ("CUDAExecutionProvider", 1),
+                             ("TensorrtExecutionProvider", 0))),
         "",
     ])
 
@@ -36,4 +40,5 @@ def test_live_replicas_of_the_deployment_are_read_back() -> None:
     (piper,) = replicas[0].models.values()
     assert replicas[0].holds == ["piper"] and replicas[0].node == "n1"
     assert piper.status is ModelStatus.READY and piper.refcount == 2 and piper.draining
+    assert piper.providers == ("CUDAExecutionProvider", "CPUExecutionProvider")
     assert replicas[1].models == {}

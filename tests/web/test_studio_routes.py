@@ -60,6 +60,7 @@ def test_stats_fragment_has_every_card(server: LiveServer) -> None:
     for card in ("Requests", "Latency", "Real-time factor", "Cache", "Memory", "Loaded models"):
         assert f">{card}</summary>" in html, card
     assert "auth-hint" not in html
+    assert re.search(r"<strong>kokoro</strong>.*· runs on CPU</span>", html)
 
 
 def test_unknown_fragment_is_404(server: LiveServer) -> None:
@@ -175,6 +176,10 @@ def test_model_actions_rerender_the_panel(server: LiveServer) -> None:
         unknown = client.post("/studio/models/nope/load", headers=HX)
     assert loaded.status_code == 200
     assert re.search(r'id="status-espeak">ready<', loaded.text)
+    card = re.compile(r'id="status-(\w+)">.*?<p class="hint">(\d+ voices .*?)</p>', re.S)
+    cards = {m[1]: m[2] for m in card.finditer(loaded.text)}
+    assert '<span class="runs-on">runs on CPU</span>' in cards["kokoro"]  # its session's
+    assert "runs on" not in cards["espeak"]  # eSpeak NG runs on no provider
     assert unknown.status_code == 404
     assert "The model &#39;nope&#39; does not exist" in unknown.text
 

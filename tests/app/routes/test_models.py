@@ -87,6 +87,8 @@ def test_health(server: LiveServer) -> None:
     assert body["status"] == "ok" and body["idle"] is False
     assert body["profile"] == "cpu"
     assert body["models"]["kokoro"]["status"] == "ready"
+    assert body["models"]["kokoro"]["providers"] == ["CPUExecutionProvider"]
+    assert body["models"]["espeak"]["providers"] == []  # no onnxruntime session
 
 
 def test_a_model_that_fails_to_load_is_isolated(tmp_path: Path) -> None:
