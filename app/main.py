@@ -53,7 +53,8 @@ def build_registry(settings: Settings, catalogue: Catalogue, runtime: RuntimeOpt
             engine = build_engine(entry.engine, settings, runtime)
         except UnknownEngine as exc:
             raise ValueError(f"catalogue: model {entry.id}: {exc}") from exc
-        turns = lane_concurrency(settings.concurrency, engine.capabilities, usable_cores())
+        turns = lane_concurrency(settings.concurrency, engine.capabilities, usable_cores(),
+                                 settings.engine_batch)
         lane = Lane(entry.id, turns, settings.queue_size, settings.client_places)
         return ModelHandle(entry, engine, lane, idle_ttl=settings.ttl_for(entry.id))
 
@@ -74,6 +75,8 @@ def runtime_options(settings: Settings) -> RuntimeOptions:
         providers=tuple(settings.providers),
         intra_op_threads=settings.intra_op_threads,
         spinning=settings.intra_op_spinning,
+        batch_size=settings.engine_batch,
+        batch_wait=settings.engine_batch_wait_ms / 1000,
         provider_options={CUDA: dict(settings.cuda_options)} if settings.cuda_options else {},
     )
 

@@ -95,6 +95,13 @@ class Settings(BaseSettings):
     int8 ones; fp16 keeps the vocoder's signal generation in float32 and needs the `gpu`
     extra's onnxconverter-common). The audio differs from int8's only as much as int8's
     rounding made it."""
+    engine_batch: int = Field(1, ge=1, le=64)
+    """Most segments of different requests one inference takes, on graphs that can batch
+    (Piper's); 1: no batching. Pays where one segment leaves the device idle (a GPU); on a CPU
+    the padded run is slower than the segments one by one (bench/results/batching.md). A
+    model that batches runs at least this many engine calls at once."""
+    engine_batch_wait_ms: float = Field(5, ge=0, le=1000)
+    """Milliseconds a segment waits for others to join its run when `engine_batch` > 1."""
     cuda_options: dict[str, str] = {}
     """CUDAExecutionProvider options, e.g. `VOXMUX_CUDA_OPTIONS__DEVICE_ID=1`,
     `VOXMUX_CUDA_OPTIONS__GPU_MEM_LIMIT=2147483648` (names as onnxruntime documents them)."""

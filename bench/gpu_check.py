@@ -4,13 +4,15 @@ each graph precision under concurrent requests.
     python bench/gpu_check.py [--profile gpu] [--providers LIST] [--models kokoro,piper,espeak]
                               [--runs N] [--json] [--out DIR] [--allow-fallback]
                               [--precisions int8,fp32,fp16|none] [--concurrency 1,4,8,16]
-                              [--rounds N] [--text-lang auto|ja|en]
+                              [--rounds N] [--text-lang auto|ja|en] [--piper-batch 1,8|none]
 
 Per model: load seconds, the providers its sessions really run on, the first (cold) synthesis,
 the RTF of the best of a few warm ones, and VRAM through NVML (this process and the whole device,
 peak while it ran). Any fallback from CUDA to CPU is printed with its reason. Then, when Kokoro is
 among the models, `bench/gpu_sweep.py` measures each precision: build and load seconds, first
-audio, RTF at each concurrency level, VRAM (`--precisions none` skips it).
+audio, RTF at each concurrency level, VRAM (`--precisions none` skips it). When Piper is among
+them, `gpu_sweep.piper_batching` measures batching off and on (`VOXMUX_ENGINE_BATCH`, one value
+per `--piper-batch` entry) at the same concurrency levels.
 
 Output (`--json` prints it, `--out DIR` writes it as `DIR/gpu_check.json`, with the tables as
 `DIR/gpu_check.md`; commit them as `bench/results/gpu.json` and `gpu.md`):
@@ -22,7 +24,8 @@ Output (`--json` prints it, `--out DIR` writes it as `DIR/gpu_check.json`, with 
                             levels: [{concurrency, requests, wall_s, audio_s, rtf,
                                       request_rtf_mean, request_rtf_max}, ...],
                             vram_process_mib, vram_device_delta_mib, error}, ...],
-     "settings": {precisions, concurrency, rounds}}
+     "piper_batching": [{batch, providers, levels: [...as above], mean_run, error}, ...],
+     "settings": {precisions, concurrency, rounds, piper_batch}}
 Exit status: 0 all well, 1 an ONNX engine asked for CUDA but runs on CPU (0 with
 --allow-fallback), 2 a model or a precision failed. `bench/gpu_check.sh` wraps it with an install
 step and a time limit.
@@ -301,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="concurrent requests per sweep level (comma list)")
     parser.add_argument("--rounds", type=int, default=2,
                         help="requests each thread makes per sweep level")
+    parser.add_argument("--piper-batch", default="1,8",
+                        help="Piper batch sizes to compare (comma list; 1 is off), or none")
     parser.add_argument("--text-lang", choices=("auto", "ja", "en"), default="auto",
                         help="Kokoro's text: Japanese, or English through eSpeak NG; auto: "
                              "Japanese when pyopenjtalk-plus and jieba are installed")
@@ -340,17 +345,26 @@ def main(argv: list[str] | None = None) -> int:
     kokoro = any(SHORT_NAMES.get(catalogue.models[m].engine, catalogue.models[m].engine)
                  == SHORT_NAMES["kokoro"] for m in wanted)
     swept = sweep(settings, precisions, args.concurrency, args.rounds) if kokoro else []
+    batches = [] if args.piper_batch == "none" else _ints(args.piper_batch)
+    piper = any(SHORT_NAMES.get(catalogue.models[m].engine, catalogue.models[m].engine)
+                == SHORT_NAMES["piper"] for m in wanted)
+    batched = (gpu_sweep.piper_batching(settings, batches, args.concurrency, args.rounds)
+               if piper and batches else [])
     payload = {"environment": env, "results": [asdict(r) for r in results],
                "kokoro_precisions": [asdict(r) for r in swept],
+               "piper_batching": [asdict(r) for r in batched],
                "settings": {"precisions": precisions if kokoro else [],
-                            "concurrency": args.concurrency, "rounds": args.rounds}}
-    table = render(env, results) + ("\n\n" + gpu_sweep.render(swept) if swept else "")
+                            "concurrency": args.concurrency, "rounds": args.rounds,
+                            "piper_batch": batches}}
+    table = (render(env, results) + ("\n\n" + gpu_sweep.render(swept) if swept else "")
+             + ("\n\n" + gpu_sweep.batch_markdown(batched) if batched else ""))
     print(json.dumps(payload, indent=2) if args.json else table)
     if args.out:
         (args.out / "gpu_check.json").write_text(json.dumps(payload, indent=2) + "\n")
         (args.out / "gpu_check.md").write_text(
-            f"```\n{table}\n```\n" + ("\n" + gpu_sweep.markdown(swept) + "\n" if swept else ""))
-    if any(r.error for r in results) or any(r.error for r in swept):
+            f"```\n{table}\n```\n" + ("\n" + gpu_sweep.markdown(swept) + "\n" if swept else "")
+            + ("\n" + gpu_sweep.batch_markdown(batched) + "\n" if batched else ""))
+    if any(r.error for r in [*results, *swept, *batched]):
         return 2
     swept_on_cpu = any(CUDA not in r.providers and any(CUDA in n for n in r.fallbacks)
                        for r in swept if r.providers)

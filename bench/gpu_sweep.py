@@ -163,3 +163,58 @@ def markdown(results: list[PrecisionResult]) -> str:
             + " | ".join(_cell(by_level.get(n)) for n in levels)
             + f" | {_cell(r.vram_process_mib)} | {_cell(r.vram_device_delta_mib)} |")
     return "\n".join(lines)
+
+
+PIPER_TEXT = "The morning train left the station exactly on time."
+
+
+@dataclass
+class BatchResult:
+    batch: int
+    """`VOXMUX_ENGINE_BATCH`: 1 is batching off."""
+    providers: list[str] = field(default_factory=list)
+    levels: list[Level] = field(default_factory=list)
+    mean_run: float | None = None
+    """Segments per inference on average over the levels (1.0: none met)."""
+    error: str | None = None
+
+
+def piper_batching(settings: Settings, batches: list[int], levels: list[int], rounds: int,
+                   text: str = PIPER_TEXT) -> list[BatchResult]:
+    """Piper's embedded voice at each batch size, N threads as N requests' segments: does
+    padding several into one run (`engines.batching`) pay on this device?"""
+    from engines.piper import PiperEngine
+
+    results = []
+    for batch in batches:
+        result = BatchResult(batch)
+        runtime = runtime_options(settings.model_copy(update={"engine_batch": batch}))
+        engine = PiperEngine.from_settings(settings, runtime)
+        request = SynthesisRequest(text=text, voice=engine.default_voice)
+        try:
+            engine.load()
+            engine.synthesize(request)  # plan kernels before timing
+            result.levels = [_level(engine, request, n, rounds) for n in levels]
+            model = engine._resolve(engine.default_voice)[0]
+            runs = model.batcher.runs if model.batcher is not None else []
+            result.mean_run = round(statistics.fmean(runs), 2) if runs else 1.0
+        except Exception as exc:  # a row, not the end of the check
+            result.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            engine.unload()
+        result.providers = list(runtime.in_use)
+        results.append(result)
+    return results
+
+
+def batch_markdown(results: list[BatchResult]) -> str:
+    levels = sorted({level.concurrency for r in results for level in r.levels})
+    lines = ["| Piper batch | providers | segments per run | "
+             + " | ".join(f"RTF @{n}" for n in levels) + " |",
+             "|---" * (3 + len(levels)) + "|"]
+    for r in results:
+        by_level = {level.concurrency: level.rtf for level in r.levels}
+        lines.append(f"| {r.batch} | {', '.join(r.providers) or '-'} | {_cell(r.mean_run)} | "
+                     + " | ".join(_cell(by_level.get(n)) for n in levels) + " |")
+    lines += [f"ERROR piper batch {r.batch}: {r.error}" for r in results if r.error]
+    return "\n".join(lines)

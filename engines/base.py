@@ -53,14 +53,20 @@ class Capabilities:
     host between inferences). Each of a model's `VOXMUX_CONCURRENCY` turns is then
     `cores / cores_per_call` turns, so its lane keeps every core busy as one call of a
     many-threaded engine does (`lane_concurrency`)."""
+    batching: bool = False
+    """Its graph can take segments of several requests in one run (`engines.batching`): with
+    batching on, its lane lets that many calls in at once, so that they can meet."""
 
 
-def lane_concurrency(concurrency: int, capabilities: Capabilities, cores: int) -> int:
+def lane_concurrency(concurrency: int, capabilities: Capabilities, cores: int,
+                     batch: int = 1) -> int:
     """Engine calls at once on a model's lane: `concurrency` calls that use every core each, or
-    as many more as fill the `cores` with calls that use `cores_per_call` each."""
-    if capabilities.cores_per_call <= 0:
-        return concurrency
-    return concurrency * max(1, cores // capabilities.cores_per_call)
+    as many more as fill the `cores` with calls that use `cores_per_call` each; for an engine
+    that batches, at least `batch`."""
+    turns = concurrency
+    if capabilities.cores_per_call > 0:
+        turns = concurrency * max(1, cores // capabilities.cores_per_call)
+    return max(turns, batch) if capabilities.batching else turns
 
 
 @dataclass(frozen=True)

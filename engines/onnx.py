@@ -55,6 +55,11 @@ class RuntimeOptions:
     """Human-readable notes of providers asked for but not obtained, one per provider."""
     in_use: list[str] = field(default_factory=list)
     """Providers the opened sessions actually run on, in order of first use."""
+    batch_size: int = 1
+    """Most segments of different requests one run takes, on graphs that can batch
+    (`engines.batching`); 1: none batch."""
+    batch_wait: float = 0.005
+    """Seconds a segment waits for others to join its run (only when `batch_size` > 1)."""
     _noted: set[str] = field(default_factory=set, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 

@@ -38,10 +38,11 @@ from engines.base import (
     concatenate,
     describe,
 )
+from engines.batching import Batcher, Feeds
 from engines.espeak_lib import espeak
 from engines.frontend import IPA, espeak_runs_spanned, ja
 from engines.frontend.ipa import to_engine
-from engines.onnx import RuntimeOptions, open_session, run, session_providers, with_outputs
+from engines.onnx import RuntimeOptions, open_session, session_providers, with_outputs
 from engines.signature import digest, file_digest, package_versions
 from engines.voicescan import VoiceChanges, diff
 
@@ -118,6 +119,9 @@ class PiperModel:
     """Whether it also outputs `SCALED` (the exact length scale for a speed)."""
     untimed_reason: str = f"its graph has no {DURATIONS}"
     """Why an open session has no timings, for the error that refuses timestamps."""
+    batcher: Batcher | None = None
+    """Runs the open session: concurrent segments padded into one run where
+    `RuntimeOptions.batch_size` asks for it and the graph says each item's length (`timed`)."""
 
     def open(self, runtime: RuntimeOptions, cache_dir: Path | None = None) -> None:
         path = self.path
@@ -141,6 +145,8 @@ class PiperModel:
                 log.warning("piper voice %s: no word timings (%s)", self.stem, exc)
         self.session = open_session(path, runtime)
         self.takes_speaker = any(i.name == "sid" for i in self.session.get_inputs())
+        self.batcher = Batcher(self.session, runtime.batch_size if self.timed else 1,
+                               runtime.batch_wait, _shared_inputs, _padded, _parts)
 
     @property
     def stem(self) -> str:
@@ -212,7 +218,8 @@ class PiperEngine:
     # speed up it would squeeze most symbols into one frame, where no scale keeps the tempo
     # (2.0 gave 1.6-1.8x), so the time-stretch speeds it up instead.
     capabilities = Capabilities(
-        speed_range=(0.5, 1.0), languages=("en-us",), multi_speaker=True, max_segment_chars=400
+        speed_range=(0.5, 1.0), languages=("en-us",), multi_speaker=True, max_segment_chars=400,
+        batching=True,
     )
 
     def __init__(self, voices_dir: Path | None, runtime: RuntimeOptions,
@@ -380,7 +387,8 @@ class PiperEngine:
                 [inference.get("noise_scale", 0.667), base * factor, inference.get("noise_w", 0.8)],
                 dtype=np.float32,
             )
-            return run(model.session, feeds, req.cancel)
+            assert model.batcher is not None
+            return model.batcher.run(dict(feeds), req.cancel)
 
         factor = 1.0 if req.speed == 1.0 else length_factor(req.speed, PRIOR_FRAMES_PER_SYMBOL)
         outputs = render(factor)
@@ -409,6 +417,35 @@ class PiperEngine:
 
     def synthesize(self, req: SynthesisRequest) -> Audio:
         return concatenate(self.stream(req))
+
+
+def _shared_inputs(feeds: Feeds) -> bytes:
+    """What segments must share to run together: the scales (noise, length: the speed)."""
+    return bytes(feeds["scales"].tobytes())
+
+
+def _padded(items: list[Feeds]) -> Feeds:
+    """The items' phoneme ids zero-padded into one batch; VITS masks each past its length."""
+    lengths = np.concatenate([f["input_lengths"] for f in items])
+    ids = np.zeros((len(items), int(lengths.max())), dtype=np.int64)
+    for row, feeds in enumerate(items):
+        ids[row, :lengths[row]] = feeds["input"][0]
+    batch = {"input": ids, "input_lengths": lengths, "scales": items[0]["scales"]}
+    if "sid" in items[0]:
+        batch["sid"] = np.concatenate([f["sid"] for f in items])
+    return batch
+
+
+def _parts(items: list[Feeds], outputs: list[Any]) -> list[list[Any]]:
+    """Each item's outputs, shaped as its own run gives them: its audio is as many frames as
+    its durations sum to (the rest of the row is padding), its durations its own symbols'."""
+    audio, durations, *rest = (np.asarray(o) for o in outputs)
+    lengths = [int(f["input_lengths"][0]) for f in items]
+    frames = [int(durations[k, :, :n].sum()) for k, n in enumerate(lengths)]
+    hop = audio.shape[-1] // max(max(frames), 1)
+    return [[audio[k:k + 1, ..., :frames[k] * hop], durations[k:k + 1, :, :n],
+             *(r[k:k + 1, :, :n] for r in rest)]
+            for k, n in enumerate(lengths)]
 
 
 def _phonemes(text: str, language: str) -> str:

@@ -29,3 +29,16 @@ def test_the_sweep_measures_every_level_and_renders(tmp_path: Path) -> None:
     assert "int8" in table and "RTF@2" in table
     markdown = gpu_sweep.markdown([result]).splitlines()
     assert len({line.count("|") for line in markdown}) == 1  # header, rule and rows line up
+
+
+def test_the_batch_sweep_compares_piper_batching_off_and_on(tmp_path: Path) -> None:
+    settings = Settings(cache_dir=CACHE_DIR, models_dir=tmp_path)
+    off, on = gpu_sweep.piper_batching(settings, [1, 2], [2], rounds=1, text="On time.")
+    assert not off.error and not on.error
+    assert off.mean_run == 1.0 and on.mean_run is not None and on.mean_run > 1.0  # they met
+    for result in (off, on):
+        (level,) = result.levels
+        assert level.requests == 2 and level.audio_s > 0.5
+    assert "piper_batching" in (gpu_check.__doc__ or "")
+    markdown = gpu_sweep.batch_markdown([off, on]).splitlines()
+    assert len({line.count("|") for line in markdown}) == 1
