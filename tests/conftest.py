@@ -77,6 +77,7 @@ def test_settings(tmp: Path, **overrides: Any) -> Settings:
         "cache_dir": CACHE_DIR,
         "credentials_dir": tmp / "credentials",
         "data_dir": tmp / "data",
+        "lexicons_dir": tmp / "lexicons",  # never the working tree's var/
         "preload": ["kokoro"],
         "queue_size": 64,
     }

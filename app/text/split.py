@@ -288,8 +288,17 @@ def first_sentence(text: str, max_chars: int) -> str:
     """The first segment `text` would have without a shorter first budget: its first sentence
     (at most `max_chars`)."""
     splitter = IncrementalSplitter(max_chars=max_chars, first_max_chars=max_chars)
-    segments = splitter.feed(text) + splitter.flush()
+    # A segment the splitter gives before the text ends is final: the text is fed a piece at a
+    # time and read no further than the first segment needs (not to the end of a long text).
+    for start in range(0, len(text), _FIRST_PIECE):
+        if segments := splitter.feed(text[start:start + _FIRST_PIECE]):
+            return segments[0]
+    segments = splitter.flush()
     return segments[0] if segments else ""
+
+
+_FIRST_PIECE = 128
+"""Characters `first_sentence` feeds at a time."""
 
 
 def join_kind(segment: str) -> JoinKind:

@@ -9,6 +9,7 @@ from app.text.punctuation import CLOSERS
 from app.text.split import (
     MIN_REST,
     IncrementalSplitter,
+    first_sentence,
     join_kind,
     normalize_ws,
     segment_offsets,
@@ -439,3 +440,16 @@ def test_a_book_cuts_into_more_than_a_thousand_segments() -> None:
         assert len(segments) > 1000
         assert max(map(len, segments)) <= 600
         assert " ".join(segments).split() == text.split()
+
+
+def test_first_sentence_reads_a_piece_at_a_time_and_agrees_with_a_whole_split() -> None:
+    rng = random.Random(7)
+    alphabet = "abc de. F! g? h, i\n\nJ Dr. Smith 3.5 e.g. the «x» 「日本。」 — ;:"
+    texts = ["", "   ", "No end here", "A" * 700 + ". Then more.",
+             *("".join(rng.choice(alphabet) for _ in range(rng.randint(100, 700)))
+               for _ in range(300))]
+    for text in texts:
+        for budget in (60, 150, 400):
+            whole = IncrementalSplitter(max_chars=budget, first_max_chars=budget)
+            segments = whole.feed(text) + whole.flush()
+            assert first_sentence(text, budget) == (segments[0] if segments else ""), text
