@@ -13,7 +13,12 @@ until `size` calls are queued or `wait` seconds have passed since it arrived, ta
 `size`, pads them into one run (`join`), runs it and hands each call its part (`split`). A call
 that is alone when its wait ends runs as it would unbatched, and stays cancellable mid-inference.
 A cancelled call leaves the queue at once; one whose run has begun stops waiting for it (the
-others' run goes on; a leader that was cancelled finishes the run for the rest, then stops).
+others' run goes on; a leader that was cancelled finishes the run for the rest, then stops). A
+padded run that fails (one item's ids out of the graph's range, say) is run again item by item,
+so each call gets its own audio or its own error, never another request's.
+
+The batcher holds no session: each call names the one it runs on (a reload opens a new one, and
+calls on different sessions never share a run), so unloading a model frees its session.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ Split = Callable[[list[Feeds], list[Any]], list[list[Any]]]
 
 @dataclass(eq=False)
 class _Call:
+    session: Any
     feeds: Feeds
     arrived: float
     outputs: list[Any] | None = None
@@ -45,7 +51,6 @@ class _Call:
 
 @dataclass(eq=False)
 class Batcher:
-    session: Any
     size: int
     """Most items one run takes; 1 runs every call on its own."""
     wait: float
@@ -58,12 +63,16 @@ class Batcher:
     _queues: dict[Hashable, list[_Call]] = field(default_factory=dict)
     _changed: threading.Condition = field(default_factory=threading.Condition)
 
-    def run(self, feeds: Feeds, cancel: CancelToken) -> list[Any]:
-        if self.size <= 1:
-            return run(self.session, feeds, cancel)
+    def run(self, session: Any, feeds: Feeds, cancel: CancelToken, *, alone: bool = False
+            ) -> list[Any]:
+        """`session.run` on `feeds`, in a padded run with other calls where they meet;
+        `alone`: never batched (a call no other can share a run with, such as a re-render at
+        one request's own exact speed factor, would only wait)."""
+        if self.size <= 1 or alone:
+            return run(session, feeds, cancel)
         cancel.check()
-        call = _Call(feeds, time.monotonic())
-        key = self.key(feeds)
+        call = _Call(session, feeds, time.monotonic())
+        key = (id(session), self.key(feeds))
         forget = cancel.on_cancel(self._wake)
         try:
             batch = self._queue(key, call, cancel)
@@ -73,7 +82,7 @@ class Batcher:
             return self._result(call)
         if len(batch) == 1:
             self._record(1)
-            return run(self.session, feeds, cancel)
+            return run(session, feeds, cancel)
         self._run(batch)
         cancel.check()
         return self._result(call)
@@ -90,6 +99,8 @@ class Batcher:
                 if cancel.cancelled:
                     if call in queue:
                         queue.remove(call)
+                        if not queue and self._queues.get(key) is queue:
+                            del self._queues[key]
                         self._changed.notify_all()  # a new head of the queue leads
                     cancel.check()
                 if call not in queue:  # in a run that another call leads
@@ -107,21 +118,34 @@ class Batcher:
             return None
 
     def _run(self, batch: list[_Call]) -> None:
-        """Run `batch` as one inference (no single call's cancel stops it), hand out the parts."""
+        """Run `batch` as one inference (no single call's cancel stops it), hand out the parts;
+        if the padded run fails, each item alone."""
         self._record(len(batch))
         try:
-            outputs = run(self.session, self.join([c.feeds for c in batch]), CancelToken())
-            parts = self.split([c.feeds for c in batch], outputs)
-        except BaseException as exc:
-            with self._changed:
-                for c in batch:
-                    c.error, c.done = exc, True
-                self._changed.notify_all()
-            raise
+            feeds = [c.feeds for c in batch]
+            parts: list[list[Any] | BaseException] = list(
+                self.split(feeds, run(batch[0].session, self.join(feeds), CancelToken())))
+        except Exception:
+            parts = [self._alone(c) for c in batch]
+        except BaseException as exc:  # the thread itself is stopping: nobody waits in vain
+            parts = [exc] * len(batch)
         with self._changed:
             for c, part in zip(batch, parts, strict=True):
-                c.outputs, c.done = part, True
+                if isinstance(part, BaseException):
+                    c.error = part
+                else:
+                    c.outputs = part
+                c.done = True
             self._changed.notify_all()
+        if isinstance(parts[0], BaseException) and not isinstance(parts[0], Exception):
+            raise parts[0]
+
+    def _alone(self, call: _Call) -> list[Any] | BaseException:
+        self._record(1)
+        try:
+            return run(call.session, call.feeds, CancelToken())
+        except Exception as exc:
+            return exc
 
     def _result(self, call: _Call) -> list[Any]:
         if call.error is not None:

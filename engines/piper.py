@@ -145,8 +145,14 @@ class PiperModel:
                 log.warning("piper voice %s: no word timings (%s)", self.stem, exc)
         self.session = open_session(path, runtime)
         self.takes_speaker = any(i.name == "sid" for i in self.session.get_inputs())
-        self.batcher = Batcher(self.session, runtime.batch_size if self.timed else 1,
+        self.batcher = Batcher(runtime.batch_size if self.timed and self._batches() else 1,
                                runtime.batch_wait, _shared_inputs, _padded, _parts)
+
+    def _batches(self) -> bool:
+        """Whether the open graph takes several items at once: every input's first dimension
+        is free (exports give multi-speaker graphs a `sid` of shape [1])."""
+        return all(i.shape and not isinstance(i.shape[0], int) for i in self.session.get_inputs()
+                   if i.name != "scales")
 
     @property
     def stem(self) -> str:
@@ -349,7 +355,8 @@ class PiperEngine:
 
     def stream_timed(self, req: SynthesisRequest) -> Iterator[TimedAudio]:
         model, speaker = self._resolve(req.voice)
-        if model.session is None:
+        session, batcher = model.session, model.batcher
+        if session is None or batcher is None:
             raise LoadFailed("Piper is not loaded")
         inference = model.config.get("inference", {})
         runs = espeak_runs_spanned(req.text, voice_language=model.espeak_voice,
@@ -382,13 +389,12 @@ class PiperEngine:
         if model.takes_speaker:
             feeds["sid"] = np.array([speaker or 0], dtype=np.int64)
 
-        def render(factor: float) -> list[Any]:
+        def render(factor: float, alone: bool = False) -> list[Any]:
             feeds["scales"] = np.array(
                 [inference.get("noise_scale", 0.667), base * factor, inference.get("noise_w", 0.8)],
                 dtype=np.float32,
             )
-            assert model.batcher is not None
-            return model.batcher.run(dict(feeds), req.cancel)
+            return batcher.run(session, dict(feeds), req.cancel, alone=alone)
 
         factor = 1.0 if req.speed == 1.0 else length_factor(req.speed, PRIOR_FRAMES_PER_SYMBOL)
         outputs = render(factor)
@@ -404,7 +410,7 @@ class PiperEngine:
                 frames_per_symbol = (took / HOP - symbols / 2) / factor / symbols
                 better = length_factor(req.speed, frames_per_symbol)
             if abs(better / factor - 1) > SPEED_TOLERANCE:
-                outputs = render(better)
+                outputs = render(better, alone=True)  # no other request has this factor
         audio = np.asarray(outputs[0], dtype=np.float32).reshape(-1)
         timings: tuple[WordTiming, ...] = ()
         if req.timings and model.timed and words:

@@ -125,7 +125,14 @@ class ModelHandle(Generic[L]):
         empty while it is not ready, or for an engine that does not run on one."""
         if self.status is not ModelStatus.READY or not isinstance(self.engine, Placed):
             return ()
-        return self.engine.providers()
+        providers = self.engine.providers
+        if not callable(providers):  # a plugin's own attribute of that name, not `Placed`'s
+            return ()
+        try:
+            return tuple(providers())
+        except Exception:  # a status route never fails for it
+            logger.exception("model %s could not say its providers", self.id)
+            return ()
 
 
 class EngineRegistry(Generic[L]):

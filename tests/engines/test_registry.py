@@ -556,3 +556,19 @@ async def test_the_model_switched_to_is_not_unloaded_while_the_switch_unloads_th
     result = await switch
     assert result.previous_unloaded and registry.current == "b"
     assert status_of(registry, "b") is ModelStatus.READY
+
+
+async def test_providers_come_from_a_placed_engine_and_never_break_status(
+    make_registry: MakeRegistry,
+) -> None:
+    registry, _ = make_registry({"a": -1, "b": -1, "c": -1})
+    engines = {h.id: h.engine for h in registry.handles()}
+    engines["a"].providers = lambda: ("CUDAExecutionProvider", "CPUExecutionProvider")  # type: ignore[attr-defined]
+    engines["b"].providers = ("CPUExecutionProvider",)  # type: ignore[attr-defined]  # a plugin's own
+    engines["c"].providers = lambda: 1 / 0  # type: ignore[attr-defined]
+    assert registry.status()["a"].providers == ()  # not loaded: runs on nothing yet
+    for model_id in "abc":
+        await registry.load(model_id)
+    status = registry.status()
+    assert status["a"].providers == ("CUDAExecutionProvider", "CPUExecutionProvider")
+    assert status["b"].providers == () and status["c"].providers == ()
