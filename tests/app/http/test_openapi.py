@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Settings
+from tests.conftest import test_settings
 
 GUARDED_ALWAYS = {("/stats", "get"), ("/requests", "get"), ("/v1/models/rescan", "post"),
                   ("/v1/models/switch", "post"), ("/v1/models/{model_id}/load", "post"),
@@ -46,9 +48,9 @@ def test_no_422_is_declared_and_invalid_input_is_a_400() -> None:
             assert error == {"$ref": "#/components/schemas/ErrorResponse"}, (path, method)
 
 
-def test_the_422_would_never_be_sent() -> None:
+def test_the_422_would_never_be_sent(tmp_path: Path) -> None:
     """What the schema used to promise, checked against the server: invalid bodies get 400."""
-    with TestClient(create_app(Settings(preload=[]))) as client:
+    with TestClient(create_app(test_settings(tmp_path, preload=[]))) as client:
         for path, body in (("/v1/audio/speech", {"model": 1}), ("/v1/models/switch", {}),
                            ("/v1/synth", {"input": ["x"]})):
             assert client.post(path, json=body).status_code == 400
