@@ -410,8 +410,10 @@ def test_a_job_is_shared_by_the_ingress_replicas_and_spread_over_the_engines(
         assert done
         audio = decode(http.get(f"/v1/audio/jobs/{job}/audio").content, "wav")
     assert audio.duration > 20
-    assert word_error_rate(" ".join(SENTENCES[:3]), hear(audio.samples[:int(
-        audio.sample_rate * 9)], audio.sample_rate).text) < 0.5
+    heard = hear(audio.samples[:int(audio.sample_rate * 9)], audio.sample_rate).text
+    # the text's opening, as many words as the first 9 s held (Piper's lengths vary run to run)
+    said = " ".join(text.split()[:max(len(heard.split()), 15)])
+    assert word_error_rate(said, heard) < 0.5
     def rendering() -> list[str]:
         after = served(cluster, "piper")
         return [r for r in after if after[r] > before.get(r, 0)]

@@ -8,6 +8,7 @@ import json
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -103,9 +104,29 @@ def voice_file(folder: Path, name: str, *, sid: bool = False, speakers: int = 1,
     (folder / f"{name}.onnx.json").write_text(json.dumps(config))
 
 
+LOADED: dict[Path, PiperEngine] = {}
+"""One loaded engine per voice folder for the module (a load opens every voice's session)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def unload_at_the_end() -> Iterator[None]:
+    yield
+    for piper in LOADED.values():
+        piper.unload()
+    LOADED.clear()
+
+
 def engine(voices: Path, cache: Path, batch: int, wait: float = 0.5) -> PiperEngine:
-    piper = PiperEngine(voices, RuntimeOptions(batch_size=batch, batch_wait=wait), cache)
-    piper.load()
+    """The folder's engine, its batchers set to `batch` segments a run and `wait`, no runs yet
+    (a voice whose graph cannot batch keeps running alone)."""
+    piper = LOADED.get(voices)
+    if piper is None:
+        piper = LOADED[voices] = PiperEngine(voices, RuntimeOptions(batch_size=2), cache)
+        piper.load()
+    for model in piper._models.values():
+        if model.batcher is not None and model.timed and model._batches():
+            model.batcher.size, model.batcher.wait = batch, wait
+            model.batcher.runs.clear()
     return piper
 
 
@@ -142,11 +163,11 @@ def test_batch_equals_segments_run_alone(voices: Path, cache: Path) -> None:
 
 def test_batch_keeps_segments_of_other_speeds_apart(voices: Path, cache: Path) -> None:
     batched = engine(voices, cache, batch=4, wait=0.3)
-    alone = engine(voices, cache, batch=1)
     with ThreadPoolExecutor(2) as pool:
         slow, normal = pool.map(lambda s: render(batched, TEXTS[1], speed=s), (0.8, 1.0))
     assert sorted(runs(batched)) == [1, 1]  # different scales: one run each
     assert np.abs(slow.audio.size / normal.audio.size - 1 / 0.8) < 0.1
+    alone = engine(voices, cache, batch=1)
     assert np.array_equal(normal.audio, render(alone, TEXTS[1]).audio)  # alone: as unbatched
 
 
@@ -225,7 +246,8 @@ def test_batch_unload_frees_the_session(voices: Path, cache: Path) -> None:
     import weakref
 
     for batch in (1, 2):
-        piper = engine(voices, cache, batch=batch)
+        piper = PiperEngine(voices, RuntimeOptions(batch_size=batch), cache)
+        piper.load()
         render(piper, TEXTS[3])
         session = weakref.ref(piper._resolve(VOICE)[0].session)
         piper.unload()
