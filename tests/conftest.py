@@ -23,6 +23,30 @@ from app.main import create_app
 from app.settings import Settings
 
 CACHE_DIR = Path(__file__).resolve().parent.parent / "var" / "test-cache"
+WRITABLE = ("VOXMUX_DATA_DIR", "VOXMUX_LEXICONS_DIR", "VOXMUX_CREDENTIALS_DIR")
+"""Settings whose default is a folder of the working tree's var/ that a server writes to."""
+_SCRATCH = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Whatever a test starts without naming these folders (a `voxmux serve` process, an app on
+    default settings) writes into a folder of the run's own, never into the working tree's
+    var/ that `make serve` reads (a fuzzed lexicon there was applied to its requests)."""
+    import os
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="voxmux-tests-"))
+    config.stash[_SCRATCH] = root
+    for name in WRITABLE:
+        os.environ.setdefault(name, str(root / name.removeprefix("VOXMUX_").lower()))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import shutil
+
+    if (root := config.stash.get(_SCRATCH, None)) is not None:
+        shutil.rmtree(root, ignore_errors=True)
+
 
 
 def free_port() -> int:
