@@ -59,7 +59,8 @@ class Batcher:
     join: Join
     split: Split
     runs: list[int] = field(default_factory=list)
-    """The size of each run made, newest last (the last 1000): what tests and metrics read."""
+    """The size of each padded or waited-for run, newest last (the last 1000), for tests and
+    `bench/gpu_sweep.py` (a call that skipped the batcher is not counted)."""
     _queues: dict[Hashable, list[_Call]] = field(default_factory=dict)
     _changed: threading.Condition = field(default_factory=threading.Condition)
 
