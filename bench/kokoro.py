@@ -135,6 +135,7 @@ class FastKokoroClient(HttpSystem):
 def measure(quick: bool) -> dict[str, Any]:
     python = str(peer_python())
     logs = ROOT / "var" / "bench"
+    logs.mkdir(parents=True, exist_ok=True)  # (a fresh checkout has no var/bench)
     phases: dict[str, Any] = {}
     result: dict[str, Any] = {"quick": quick, "voice": VOICE, "voxmux_env": VOXMUX_ENV,
                               "peers": list(REQUIREMENTS), "phases": phases}
