@@ -26,7 +26,7 @@ from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
 from engines import heap
-from engines.base import Engine, EngineBusy, LoadFailed, ModelNotFound, Placed, public_text
+from engines.base import Engine, EngineBusy, LoadFailed, ModelNotFound, public_text
 
 logger = logging.getLogger(__name__)
 
@@ -123,10 +123,9 @@ class ModelHandle(Generic[L]):
     def providers(self) -> tuple[str, ...]:
         """The onnxruntime providers the model runs on now (CUDA, or the CPU it fell back to);
         empty while it is not ready, or for an engine that does not run on one."""
-        if self.status is not ModelStatus.READY or not isinstance(self.engine, Placed):
-            return ()
-        providers = self.engine.providers
-        if not callable(providers):  # a plugin's own attribute of that name, not `Placed`'s
+        # `engines.base.Placed`'s method; a plugin's own attribute of that name is not one
+        providers = getattr(self.engine, "providers", None)
+        if self.status is not ModelStatus.READY or not callable(providers):
             return ()
         try:
             return tuple(providers())

@@ -38,7 +38,7 @@ def pytest_configure(config: pytest.Config) -> None:
     root = Path(tempfile.mkdtemp(prefix="voxmux-tests-"))
     config.stash[_SCRATCH] = root
     for name in WRITABLE:
-        os.environ.setdefault(name, str(root / name.removeprefix("VOXMUX_").lower()))
+        os.environ[name] = str(root / name.removeprefix("VOXMUX_").lower())  # a shell's too
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
