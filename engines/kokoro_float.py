@@ -11,15 +11,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import os
 import re
-import threading
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from engines.base import LoadFailed
+from engines.onnx import partial_path
 
 if TYPE_CHECKING:  # onnx is imported when a float graph is built, not to plan or list voices
     import onnx
@@ -87,7 +86,7 @@ def _build_once(target: Path, stamp: str, build: Callable[[], onnx.ModelProto]) 
     import onnx
 
     model = build()
-    partial = target.with_name(f"{target.name}.part{os.getpid()}-{threading.get_ident()}")
+    partial = partial_path(target)
     onnx.save(model, str(partial))
     del model
     digest = _sha256(partial)

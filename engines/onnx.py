@@ -14,6 +14,7 @@ import ctypes
 import functools
 import importlib.util
 import logging
+import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -75,6 +76,14 @@ class RuntimeOptions:
     def note_in_use(self, providers: list[str]) -> None:
         with self._lock:
             self.in_use.extend(p for p in providers if p not in self.in_use)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, e.g. a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def available_providers() -> list[str]:
@@ -231,6 +240,12 @@ def run(session: Any, feeds: dict[str, Any], cancel: CancelToken,
         forget()
 
 
+def partial_path(target: Path) -> Path:
+    """Where `target` is written before it is renamed into place: a name of this process and
+    thread, so two servers (or Ray replicas) filling one cache dir never write one file."""
+    return target.with_name(f"{target.name}.part{os.getpid()}-{threading.get_ident()}")
+
+
 def with_outputs(source: Path, target: Path, names: tuple[str, ...], stamp: str) -> bool:
     """Write `source` to `target` with the inner tensors `names` added to its graph outputs
     (the `onnx` package edits the graph; nothing else changes, so the audio is the same).
@@ -253,7 +268,7 @@ def with_outputs(source: Path, target: Path, names: tuple[str, ...], stamp: str)
         if name not in existing:
             model.graph.output.append(helper.make_empty_tensor_value_info(name))
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f"{target.name}.part{threading.get_ident()}")
+    partial = partial_path(target)
     onnx.save(model, str(partial))
     del model
     partial.replace(target)

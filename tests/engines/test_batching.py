@@ -197,13 +197,15 @@ def test_batch_widens_only_a_batching_engine_lane() -> None:
 
 def test_batch_setting_reaches_piper_and_widens_its_lane(tmp_path: Path) -> None:
     from app.main import create_app
+    from engines.onnx import usable_cores
     from tests.conftest import test_settings
 
     app = create_app(test_settings(tmp_path, engine_batch=4, preload=[]))
     registry = app.state.service.registry
     assert app.state.runtime.batch_size == 4
     assert registry["piper"].lane.concurrency == 4  # four segments can meet
-    assert registry["kokoro"].lane.concurrency == 1  # its graph takes one
+    # Kokoro's graph takes one segment: batching leaves its lane as it was, a call per core.
+    assert registry["kokoro"].lane.concurrency == usable_cores()
 
 
 def test_batch_runs_a_failing_item_alone_so_the_others_are_spoken(odd_voices: Path,

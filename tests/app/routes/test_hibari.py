@@ -213,8 +213,8 @@ def test_heard_as_well_as_the_packages_own_audio(live: LiveServer) -> None:
 def test_its_lane_runs_one_call_per_core(live: LiveServer) -> None:
     """A hibari call keeps one core busy (`cores_per_call`): at `VOXMUX_CONCURRENCY=1` its lane
     runs one per core, where a Piper call spreads over every core and runs alone."""
-    from app.main import usable_cores
     from engines.base import Capabilities, lane_concurrency
+    from engines.onnx import usable_cores
 
     registry = live.app.state.service.registry
     assert registry["hibari"].lane.concurrency == usable_cores()

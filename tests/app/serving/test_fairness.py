@@ -1,7 +1,7 @@
 """Requests of one model share it segment by segment, and a text's first segment is short.
 
-Four clients stream five-sentence texts from Kokoro at once, at the default one engine call at a
-time: each hears audio before any of them has its whole answer (a scheduler that ran whole
+Four clients stream three-sentence texts from Kokoro at once, at the default settings (one engine
+call per core): each hears audio before any of them has its whole answer (a scheduler that ran whole
 requests in turn would finish the first before the fourth heard anything). A first segment cut
 inside a sentence joins the rest without a seam a listener hears: Whisper hears the sentence
 whole, with no gap at the cut longer than between two words.
@@ -35,7 +35,7 @@ streams taking turns overlap for most of their length."""
 
 @pytest.fixture
 def kokoro(server: LiveServer) -> LiveServer:
-    """The session's server: Kokoro preloaded, one engine call at a time (the default)."""
+    """The session's server: Kokoro preloaded, the default concurrency (one call per core)."""
     assert server.app.state.settings.concurrency == 1
     return server
 
