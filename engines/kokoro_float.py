@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from engines.base import LoadFailed
-from engines.onnx import partial_path
+from engines.onnx import writing
 
 if TYPE_CHECKING:  # onnx is imported when a float graph is built, not to plan or list voices
     import onnx
@@ -86,11 +86,10 @@ def _build_once(target: Path, stamp: str, build: Callable[[], onnx.ModelProto]) 
     import onnx
 
     model = build()
-    partial = partial_path(target)
-    onnx.save(model, str(partial))
-    del model
-    digest = _sha256(partial)
-    partial.replace(target)
+    with writing(target) as partial:
+        onnx.save(model, str(partial))
+        del model
+        digest = _sha256(partial)
     marker.write_text(f"{stamp}\n{target.stat().st_size}\n{digest}\n")
     return target
 

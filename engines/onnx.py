@@ -16,7 +16,8 @@ import importlib.util
 import logging
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -240,10 +241,19 @@ def run(session: Any, feeds: dict[str, Any], cancel: CancelToken,
         forget()
 
 
-def partial_path(target: Path) -> Path:
-    """Where `target` is written before it is renamed into place: a name of this process and
-    thread, so two servers (or Ray replicas) filling one cache dir never write one file."""
-    return target.with_name(f"{target.name}.part{os.getpid()}-{threading.get_ident()}")
+@contextmanager
+def writing(target: Path) -> Iterator[Path]:
+    """A path to write `target` at, renamed into place when the block ends and deleted when it
+    raises (a full disk, a failed check, a kill signal's exception): a reader never sees half a
+    file, and no failed attempt is left behind. The name is this process's and thread's, so two
+    servers (or Ray replicas) filling one cache dir never write one file."""
+    partial = target.with_name(f"{target.name}.part{os.getpid()}-{threading.get_ident()}")
+    try:
+        yield partial
+        partial.replace(target)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def with_outputs(source: Path, target: Path, names: tuple[str, ...], stamp: str) -> bool:
@@ -268,10 +278,9 @@ def with_outputs(source: Path, target: Path, names: tuple[str, ...], stamp: str)
         if name not in existing:
             model.graph.output.append(helper.make_empty_tensor_value_info(name))
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = partial_path(target)
-    onnx.save(model, str(partial))
-    del model
-    partial.replace(target)
+    with writing(target) as partial:
+        onnx.save(model, str(partial))
+        del model
     marker.write_text(wanted)
     return True
 

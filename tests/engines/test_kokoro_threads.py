@@ -13,6 +13,7 @@ import pytest
 import engines.kokoro as kokoro
 from engines.base import LoadFailed, SynthesisRequest, lane_concurrency
 from engines.kokoro import KokoroEngine
+from engines.kokoro_float import Precision
 from engines.onnx import CUDA, RuntimeOptions, usable_cores
 from tests.conftest import CACHE_DIR
 
@@ -74,9 +75,12 @@ def test_a_lone_call_uses_every_core_and_overlapping_calls_one_each(
     assert lane_concurrency(1, engine.capabilities, usable_cores()) == usable_cores()
 
 
-def test_a_set_thread_count_or_a_gpu_keeps_one_session_and_one_call() -> None:
-    for runtime in (RuntimeOptions(intra_op_threads=2), RuntimeOptions(providers=(CUDA,))):
-        made = KokoroEngine(CACHE_DIR, None, runtime)
+def test_a_set_thread_count_a_gpu_or_fp32_keeps_one_session_and_one_call() -> None:
+    cases: list[tuple[RuntimeOptions, Precision]] = [
+        (RuntimeOptions(intra_op_threads=2), "int8"), (RuntimeOptions(providers=(CUDA,)), "int8"),
+        (RuntimeOptions(), "fp32")]  # fp32's one-thread session differs by ~1e-6: not byte-stable
+    for runtime, precision in cases:
+        made = KokoroEngine(CACHE_DIR, None, runtime, precision)
         assert made.capabilities.cores_per_call == 0
         assert lane_concurrency(1, made.capabilities, usable_cores()) == 1
         assert not made._adaptive  # load() opens no one-thread session
@@ -105,3 +109,17 @@ def test_a_second_session_that_fails_to_open_leaves_kokoro_unloaded(
     with pytest.raises(LoadFailed, match="out of memory"):
         made.load()
     assert not made.loaded and made.providers() == ()
+
+
+def test_a_call_under_way_finishes_when_kokoro_is_unloaded(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """An unload that does not wait (the server's shutdown) drops the engine's sessions; a text
+    of several inferences that is under way finishes on the ones it started with."""
+    monkeypatch.setattr(kokoro, "MAX_TOKENS", 12)  # a short text in several inferences
+    made = KokoroEngine(CACHE_DIR, None, RuntimeOptions())
+    made.load()
+    stream = made.stream(SynthesisRequest(text=TEXT, voice="jf_alpha"))
+    first = next(stream)
+    made.unload()
+    rest = list(stream)
+    assert first.size > 0 and len(rest) >= 2 and all(piece.size > 0 for piece in rest)

