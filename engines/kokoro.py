@@ -235,9 +235,9 @@ class KokoroEngine:
         self._session: Any = None
         # Where onnxruntime may choose the threads (the setting's 0) on CPU, a call that runs
         # alone spreads over every core, and calls that overlap run on one core each, in a
-        # second session of one thread: two such calls kept both cores of the benchmark's
-        # machine busy where two calls sharing one pool of threads left them 14 % idle
-        # (bench/results/kokoro.md). The lane then lets one call per core in.
+        # second session of one thread; the lane then lets one call per core in. One call at a
+        # time had kept 1.73 of the benchmark machine's 2 cores busy at 4 and 8 requests, this
+        # keeps 1.93-1.96 (bench/results/kokoro.md, README "Kokoro's threads").
         self._narrow: Any = None
         # int8 only: its two sessions speak the same samples (measured identical); fp32's differ
         # by about 1e-6, which would make a request's bytes depend on what else ran.

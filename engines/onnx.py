@@ -244,7 +244,7 @@ def run(session: Any, feeds: dict[str, Any], cancel: CancelToken,
 @contextmanager
 def writing(target: Path) -> Iterator[Path]:
     """A path to write `target` at, renamed into place when the block ends and deleted when it
-    raises (a full disk, a failed check, a kill signal's exception): a reader never sees half a
+    raises (a full disk, a failed check, Ctrl-C): a reader never sees half a
     file, and no failed attempt is left behind. The name is this process's and thread's, so two
     servers (or Ray replicas) filling one cache dir never write one file."""
     partial = target.with_name(f"{target.name}.part{os.getpid()}-{threading.get_ident()}")
