@@ -61,7 +61,7 @@ def test_a_lone_call_uses_every_core_and_overlapping_calls_one_each(
 
     first = threading.Thread(target=call, args=("first",), name="first")
     first.start()
-    while "first" not in used:
+    while "first" not in used and first.is_alive():
         first.join(0.01)
     second = threading.Thread(target=call, args=("second",), name="second")
     second.start()
