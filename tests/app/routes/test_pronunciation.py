@@ -95,7 +95,10 @@ def test_say_as_telephone_and_characters_are_heard_as_asked(live: LiveServer) ->
     audio, _ = _speak(live, "piper", '<speak>Call <say-as interpret-as="telephone">'
                       '5550199</say-as> today.</speak>')
     heard = hear(audio.samples, audio.sample_rate).text  # type: ignore[attr-defined]
-    assert "5550199" in _digits(heard), heard
+    # Digit by digit, one slip allowed: Piper samples its durations, and Whisper once heard
+    # "550-199" (one "five" fewer) in a full suite; a number read as one ("five million ...")
+    # or words lost fail by far more.
+    assert word_error_rate(" ".join("5550199"), " ".join(_digits(heard))) <= 1 / 7, heard
     audio, _ = _speak(live, "piper", '<speak>The code is <say-as interpret-as="characters">'
                       'dog</say-as>.</speak>')
     heard = hear(audio.samples, audio.sample_rate).text  # type: ignore[attr-defined]
