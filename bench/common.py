@@ -169,6 +169,74 @@ def tree_cpu_seconds(pid: int) -> float:
     return seconds + sum(tree_cpu_seconds(child) for child in memory.children(pid))
 
 
+def _stat_seconds(path: Path) -> float | None:
+    """utime + stime of one process or thread (`/proc/.../stat`); None once it is gone."""
+    try:
+        fields = path.read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return sum(int(x) for x in fields[11:13]) / _TICK
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+class CpuByProcess:
+    """CPU seconds of the processes under this one, grouped by what their command lines hold,
+    since construction; and of each thread of the first process of each group, busiest first
+    (the engine's threads: the one calling onnxruntime, onnxruntime's own)."""
+
+    def __init__(self, groups: dict[str, str]) -> None:
+        """`groups`: a name for each command-line fragment; a process counts in the first group
+        whose fragment its command line holds, or in `other`."""
+        self._groups = groups
+        self._start = self._sample()
+
+    def _processes(self) -> dict[int, str]:
+        todo, found = [os.getpid()], {}
+        while todo:
+            pid = todo.pop()
+            for child in memory.children(pid):
+                command = _command(child)
+                found[child] = next((name for name, fragment in self._groups.items()
+                                     if fragment in command), "other")
+                todo.append(child)
+        return found
+
+    def _sample(self) -> dict[str, Any]:
+        processes, threads = {}, {}
+        for pid, group in self._processes().items():
+            processes[pid] = (group, _stat_seconds(Path(f"/proc/{pid}/stat")))
+            for task in Path(f"/proc/{pid}/task").glob("*"):
+                threads[(pid, task.name)] = _stat_seconds(task / "stat")
+        return {"processes": processes, "threads": threads}
+
+    def seconds(self) -> dict[str, Any]:
+        """`groups`: CPU seconds by group; `threads`: by group, the CPU seconds of the threads
+        of its busiest process, the busiest three."""
+        end = self._sample()
+        groups: dict[str, float] = {}
+        busiest: dict[str, tuple[float, int]] = {}
+        for pid, (group, seconds) in end["processes"].items():
+            before = self._start["processes"].get(pid, (group, 0.0))[1] or 0.0
+            spent = max(0.0, (seconds or before) - before)
+            groups[group] = groups.get(group, 0.0) + spent
+            if spent > busiest.get(group, (-1.0, 0))[0]:
+                busiest[group] = (spent, pid)
+        threads = {}
+        for group, (_, pid) in busiest.items():
+            spent = sorted((max(0.0, (s or 0.0) - (self._start["threads"].get(key) or 0.0))
+                            for key, s in end["threads"].items() if key[0] == pid),
+                           reverse=True)
+            threads[group] = [round(x, 2) for x in spent[:3]]
+        return {"groups": {k: round(v, 2) for k, v in sorted(groups.items())},
+                "threads": threads}
+
+
 class OtherWork:
     """How much of the machine went to anything but this benchmark (its process and every
     process under it: servers, helpers, the peer) and to the hypervisor, since construction.

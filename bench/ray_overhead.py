@@ -1,6 +1,6 @@
 """What Ray Serve costs and gives on this machine: `voxmux serve --ray` against `voxmux serve`.
 
-    .venv/bin/python -m bench.ray_overhead      # about ten minutes; writes bench/results/ray.json
+    .venv/bin/python -m bench.ray_overhead      # about four minutes; writes bench/results/ray.json
 
 Same texts, same voice (Piper), pcm, cache off, both on this machine at once (the single process
 in a subprocess, a local Ray cluster of 2 CPUs in this one), the systems taking turns:
@@ -10,9 +10,16 @@ in a subprocess, a local Ray cluster of 2 CPUs in this one), the systems taking 
   (`VOXMUX_CONCURRENCY` 1) against one engine replica holding both CPUs, then that replica
   against two replicas of one CPU each (the same cores; each replica runs onnxruntime on the
   CPUs Ray granted it);
+- where the CPU goes under that load: CPU seconds per audio second of each process (the single
+  process; the engine replica, the ingress, Serve's proxy and Ray's own processes), and of the
+  busiest threads of the server and of the engine replica (the one calling onnxruntime, then
+  onnxruntime's own);
 - first audio of 8 simultaneous streams, three bursts, with autoscaling on (one replica of one
   CPU at start, at most two, the default delays): p50 and p95 over the bursts, and how many
-  engine replicas ran after each, beside the single process's.
+  engine replicas ran after each, beside the single process's;
+- interference, without Ray: Piper in this process on two onnxruntime threads, rendering the
+  same sentences alone and beside a process that keeps a quarter of one core busy (Ray's own
+  processes took about that under load), rounds alternating.
 The share of the machine other processes and the hypervisor took is recorded with each phase:
 other engineers use this machine too.
 """
@@ -20,6 +27,7 @@ other engineers use this machine too.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import statistics
 import time
 from typing import Any
@@ -30,6 +38,7 @@ from app.cluster import launch
 from app.settings import Settings
 from bench.common import (
     ROOT,
+    CpuByProcess,
     OtherWork,
     free_port,
     percentiles,
@@ -48,6 +57,14 @@ THROUGHPUT_ROUNDS = 2
 BURST = 8
 BURSTS = 3
 SINGLE = {"VOXMUX_CACHE_MAX_ITEMS": "0", "VOXMUX_PRELOAD": "piper"}
+PROCESSES = {"engine replica": "ServeReplica:voxmux:VoxMuxEngines",
+             "ingress": "ServeReplica:voxmux:VoxMux", "proxy": "ProxyActor",
+             "single process": "app.cli serve"}
+"""Command-line fragments of the processes whose CPU is told apart (first match wins); the rest
+of the processes under the benchmark (Ray's controller, raylet, GCS, agents) are `other`."""
+HOG_SHARE = 0.25
+"""Of one core, what the interfering process keeps busy."""
+INTERFERENCE_ROUNDS = 4
 
 
 def texts(count: int, offset: int) -> list[str]:
@@ -69,11 +86,14 @@ def loads(systems: list[System], offset: int, audio_s: float) -> dict[str, dict[
     """Each system drains `THROUGHPUT_REQUESTS` with `CLIENTS` clients, `THROUGHPUT_ROUNDS`
     times in turn; pooled: audio seconds over wall seconds."""
     runs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in systems}
+    spent: dict[str, list[dict[str, Any]]] = {s.name: [] for s in systems}
     for round_ in range(THROUGHPUT_ROUNDS):
         for index, system in enumerate(systems[round_ % 2:] + systems[: round_ % 2]):
             batch = texts(THROUGHPUT_REQUESTS, offset + 100 * (2 * round_ + index))
+            cpu = CpuByProcess(PROCESSES)
             runs[system.name].append(throughput(system, CLIENTS, batch,
                                                 dict.fromkeys(batch, audio_s)))
+            spent[system.name].append(cpu.seconds())
     pooled = {}
     for name, parts in runs.items():
         wall = sum(p["wall_s"] for p in parts)
@@ -81,8 +101,74 @@ def loads(systems: list[System], offset: int, audio_s: float) -> dict[str, dict[
         cpu = sum(p["cpu_s_per_audio_s"] * p["audio_s_per_s"] * p["wall_s"] for p in parts)
         pooled[name] = {"requests": sum(p["requests"] for p in parts), "wall_s": round(wall, 2),
                         "audio_s_per_s": round(audio / wall, 3),
-                        "cpu_s_per_audio_s": round(cpu / audio, 3)}
+                        "cpu_s_per_audio_s": round(cpu / audio, 3),
+                        "cpu_s_per_audio_s_by_process": by_process(spent[name], audio, wall)}
     return pooled
+
+
+def by_process(samples: list[dict[str, Any]], audio: float, wall: float) -> dict[str, Any]:
+    """Pooled `CpuByProcess` samples: each group's CPU seconds per audio second (groups with
+    under 0.1 s left out) and, for the server and the engine replica, the share of the wall
+    time each of their three busiest threads was on a CPU."""
+    groups: dict[str, float] = {}
+    threads: dict[str, list[float]] = {}
+    for sample in samples:
+        for group, seconds in sample["groups"].items():
+            groups[group] = groups.get(group, 0.0) + seconds
+        for group, busiest in sample["threads"].items():
+            pooled = threads.setdefault(group, [0.0] * len(busiest))
+            threads[group] = [a + b for a, b in zip(pooled, busiest, strict=False)]
+    return {"processes": {g: round(s / audio, 4) for g, s in groups.items() if s >= 0.1},
+            "busiest_threads_busy": {g: [round(s / wall, 2) for s in busiest]
+                                     for g, busiest in threads.items()
+                                     if g in ("single process", "engine replica")}}
+
+
+def interference(rounds: int) -> dict[str, Any]:
+    """Piper on two onnxruntime threads in this process, the same sentences alone and beside
+    a process keeping `HOG_SHARE` of one core busy, alternating: wall and CPU seconds of each."""
+    import subprocess
+    import sys
+
+    from engines.base import SynthesisRequest
+    from engines.onnx import RuntimeOptions
+    from engines.piper import PiperEngine
+
+    engine = PiperEngine(None, RuntimeOptions(intra_op_threads=2))
+    engine.load()
+    batch = [f"Item {i}. {sentences(1)}" for i in range(12)]
+    hog = ("import time\nwhile True:\n    t = time.perf_counter()\n"
+           f"    while time.perf_counter() - t < {HOG_SHARE} * 0.005: pass\n"
+           f"    time.sleep({1 - HOG_SHARE} * 0.005)\n")
+
+    def render() -> tuple[float, float]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        for text in batch:
+            engine.synthesize(SynthesisRequest(text=text, voice=engine.default_voice))
+        return time.perf_counter() - wall, time.process_time() - cpu
+
+    render()  # warm up
+    measured: dict[str, list[tuple[float, float]]] = {"alone": [], "beside": []}
+    try:
+        for _ in range(rounds):
+            measured["alone"].append(render())
+            other = subprocess.Popen([sys.executable, "-c", hog])
+            try:
+                time.sleep(0.2)
+                measured["beside"].append(render())
+            finally:
+                other.kill()
+                other.wait()
+    finally:
+        engine.unload()
+    medians = {name: (statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs))
+               for name, runs in measured.items()}
+    return {"hog_share_of_one_core": HOG_SHARE, "sentences": len(batch), "rounds": rounds,
+            "wall_s": {k: round(v[0], 3) for k, v in medians.items()},
+            "cpu_s": {k: round(v[1], 3) for k, v in medians.items()},
+            "wall beside / alone": round(medians["beside"][0] / medians["alone"][0], 3),
+            "cpu beside / alone": round(medians["beside"][1] / medians["alone"][1], 3),
+            "machine share taken by the hog": round(HOG_SHARE / (os.cpu_count() or 1), 3)}
 
 
 def bursts(system: System, offset: int, engines: Any = None) -> dict[str, Any]:
@@ -190,6 +276,9 @@ def main() -> None:
         result["machine_simultaneous_ray"] = work.shares()
     finally:
         launch.stop(local=True)
+    work = OtherWork()
+    result["interference"] = interference(INTERFERENCE_ROUNDS)
+    result["machine_interference"] = work.shares()
     result["throughput"] = runs
     rate = {k: r["audio_s_per_s"] for k, r in runs.items()}
     result["throughput_ratios"] = {
