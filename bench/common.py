@@ -187,8 +187,9 @@ def _command(pid: int) -> str:
 
 class CpuByProcess:
     """CPU seconds of the processes under this one, grouped by what their command lines hold,
-    since construction; and of each thread of the first process of each group, busiest first
-    (the engine's threads: the one calling onnxruntime, onnxruntime's own)."""
+    since construction; and of the threads of each group's busiest process, busiest first (the
+    engine's threads: the one calling onnxruntime, onnxruntime's own). A process that ended
+    meanwhile is not counted."""
 
     def __init__(self, groups: dict[str, str]) -> None:
         """`groups`: a name for each command-line fragment; a process counts in the first group
