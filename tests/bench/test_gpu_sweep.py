@@ -14,7 +14,7 @@ from tests.conftest import CACHE_DIR
 def test_the_sweep_measures_every_level_and_renders(tmp_path: Path) -> None:
     settings = Settings(cache_dir=CACHE_DIR, models_dir=tmp_path)
     result = gpu_sweep.measure(settings, "int8", [1, 2], rounds=1,
-                               text="The morning train left the station on time.")
+                               text="The train left on time.")
     assert result.providers == ["CPUExecutionProvider"] and not result.error
     assert [level.concurrency for level in result.levels] == [1, 2]
     assert [level.requests for level in result.levels] == [1, 2]
