@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from app.serving import memory
 
@@ -149,40 +151,36 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
 def _machine_seconds() -> tuple[float, float]:
-    """Busy and stolen CPU seconds of the whole machine since boot, all CPUs (`/proc/stat`)."""
-    first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in first[1:9])
-    return (user + nice + system + irq + softirq) / _TICK, steal / _TICK
+    """Busy and stolen CPU seconds of the whole machine since boot, all CPUs."""
+    times = psutil.cpu_times()
+    busy = times.user + times.nice + times.system + times.irq + times.softirq
+    return busy, times.steal
+
+
+def _own_seconds(process: psutil.Process, *, waited_for: bool = False) -> float:
+    """User and system CPU seconds of one process (and of its children it has waited for)."""
+    times = process.cpu_times()
+    seconds = times.user + times.system
+    return seconds + (times.children_user + times.children_system if waited_for else 0.0)
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    """A live process and every live process under it; none once it has gone."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def tree_cpu_seconds(pid: int) -> float:
     """CPU seconds of a live process, its waited-for children, and every live process under it."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:  # gone since it was listed
-        return 0.0
-    seconds = sum(int(x) for x in fields[11:15]) / _TICK  # utime, stime, cutime, cstime
-    return seconds + sum(tree_cpu_seconds(child) for child in memory.children(pid))
-
-
-def _stat_seconds(path: Path) -> float | None:
-    """utime + stime of one process or thread (`/proc/.../stat`); None once it is gone."""
-    try:
-        fields = path.read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return sum(int(x) for x in fields[11:13]) / _TICK
-
-
-def _command(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
+    total = 0.0
+    for process in _tree(pid):
+        with contextlib.suppress(psutil.Error):  # gone since it was listed
+            total += _own_seconds(process, waited_for=True)
+    return total
 
 
 class CpuByProcess:
@@ -197,23 +195,19 @@ class CpuByProcess:
         self._groups = groups
         self._start = self._sample()
 
-    def _processes(self) -> dict[int, str]:
-        todo, found = [os.getpid()], {}
-        while todo:
-            pid = todo.pop()
-            for child in memory.children(pid):
-                command = _command(child)
-                found[child] = next((name for name, fragment in self._groups.items()
-                                     if fragment in command), "other")
-                todo.append(child)
-        return found
+    def _group(self, process: psutil.Process) -> str:
+        command = " ".join(process.cmdline())
+        return next((name for name, fragment in self._groups.items() if fragment in command),
+                    "other")
 
     def _sample(self) -> dict[str, Any]:
-        processes, threads = {}, {}
-        for pid, group in self._processes().items():
-            processes[pid] = (group, _stat_seconds(Path(f"/proc/{pid}/stat")))
-            for task in Path(f"/proc/{pid}/task").glob("*"):
-                threads[(pid, task.name)] = _stat_seconds(task / "stat")
+        processes: dict[int, tuple[str, float]] = {}
+        threads: dict[tuple[int, int], float] = {}
+        for process in _tree(os.getpid())[1:]:
+            with contextlib.suppress(psutil.Error), process.oneshot():
+                processes[process.pid] = (self._group(process), _own_seconds(process))
+                threads.update({(process.pid, t.id): t.user_time + t.system_time
+                                for t in process.threads()})
         return {"processes": processes, "threads": threads}
 
     def seconds(self) -> dict[str, Any]:
@@ -223,14 +217,13 @@ class CpuByProcess:
         groups: dict[str, float] = {}
         busiest: dict[str, tuple[float, int]] = {}
         for pid, (group, seconds) in end["processes"].items():
-            before = self._start["processes"].get(pid, (group, 0.0))[1] or 0.0
-            spent = max(0.0, (seconds or before) - before)
+            spent = max(0.0, seconds - self._start["processes"].get(pid, (group, 0.0))[1])
             groups[group] = groups.get(group, 0.0) + spent
             if spent > busiest.get(group, (-1.0, 0))[0]:
                 busiest[group] = (spent, pid)
         threads = {}
         for group, (_, pid) in busiest.items():
-            spent = sorted((max(0.0, (s or 0.0) - (self._start["threads"].get(key) or 0.0))
+            spent = sorted((max(0.0, s - self._start["threads"].get(key, 0.0))
                             for key, s in end["threads"].items() if key[0] == pid),
                            reverse=True)
             threads[group] = [round(x, 2) for x in spent[:3]]

@@ -29,6 +29,8 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import statistics
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -127,9 +129,6 @@ def by_process(samples: list[dict[str, Any]], audio: float, wall: float) -> dict
 def interference(rounds: int) -> dict[str, Any]:
     """Piper on two onnxruntime threads in this process, the same sentences alone and beside
     a process keeping `HOG_SHARE` of one core busy, alternating: wall and CPU seconds of each."""
-    import subprocess
-    import sys
-
     from engines.base import SynthesisRequest
     from engines.onnx import RuntimeOptions
     from engines.piper import PiperEngine
