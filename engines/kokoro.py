@@ -380,9 +380,10 @@ class KokoroEngine:
 
     @contextmanager
     def _session_for_call(self, wide: Any, narrow: Any) -> Iterator[Any]:
-        """The session for one inference: `wide` (over every core) when no other call runs,
-        `narrow` (one thread) when another does; a call that starts alone keeps its threads, so
-        for the rest of it the cores are shared by one thread more than they have."""
+        """The session for one inference: `wide` (over every core) when no other inference
+        runs, `narrow` (one thread) when another does. Chosen again for each inference of a
+        long text; one that starts alone keeps its threads to its end, so while an overlapping
+        one runs the cores are shared by one thread more than they have."""
         with self._calls_lock:
             overlapping = self._calls > 0
             self._calls += 1
