@@ -110,6 +110,14 @@ class Settings(BaseSettings):
     """Longest `input` accepted by the speech routes."""
     max_request_bytes: int = Field(1 << 20, gt=0)
     """Largest HTTP request body accepted; a larger one is refused with 413 before it is read."""
+    max_audio_seconds: float = Field(600, gt=0)
+    """Budget of audio one request may produce, pauses included: a speech request, each batch
+    item, each ElevenLabs, Wyoming and WebSocket request, each text-in session. Refused before
+    any audio where the input alone shows it (its SSML silence, or more text than the fastest
+    voice reads in time), else the request ends with an error when its audio reaches it."""
+    max_ssml_silence_seconds: float = Field(60, ge=0)
+    """Budget of silence the SSML breaks of one request (or one job) may ask for in all; each
+    break is at most 10 s."""
     first_segment_chars: int = Field(30, gt=10)
     """Budget of the first text segment, kept short so the first audio arrives early: the first
     sentence when it fits, else cut at its last clause mark or word boundary within it. Routes
@@ -247,6 +255,23 @@ class Settings(BaseSettings):
     """When set (AngeVoice's `/app/outputs`), every HTTP result is also written here: the speech
     route's audio, a batch's ZIP, a finished job's audio, each with a JSON sidecar."""
 
+    batch_max_audio_seconds: float = Field(1800, gt=0)
+    """Budget of audio the items of one `POST /v1/audio/batch` answered with its ZIP may make
+    in all; an item past it gets the budget's error in the manifest, unspoken."""
+    jobs_max_audio_seconds: float = Field(100 * 3600, gt=0)
+    """Budget of audio one long-form job may make (a long novel reads in about 30 hours):
+    refused at once when its text alone shows it, else the job fails when it gets there."""
+    epub_max_bytes: int = Field(256 * 1024 * 1024, gt=0)
+    """Budget of an EPUB's uncompressed size, all its files together, as its ZIP directory
+    states it; checked before anything is inflated (a small file can inflate to gigabytes)."""
+    epub_max_entries: int = Field(10_000, gt=0)
+    """Most files an EPUB's ZIP may hold."""
+    lexicons_max_per_owner: int = Field(32, ge=1)
+    """Most lexicons one API key (or the keyless `open` owner) may keep."""
+    lexicon_max_entries: int = Field(5000, ge=1)
+    """Most entries one lexicon may hold."""
+    lexicons_max_entries_per_owner: int = Field(20_000, ge=1)
+    """Most entries the lexicons of one API key (or the keyless owner) may hold together."""
     request_log_size: int = Field(100, ge=1, le=100)
     """Recent requests kept for `GET /requests`."""
     stats_window: int = Field(1000, ge=1)
@@ -284,6 +309,18 @@ class Settings(BaseSettings):
     """Characters of text a `/ws/v1/tts/text` session may hold waiting to be spoken (text sent
     faster than it is spoken); beyond it the session ends with an error frame and close 1008."""
 
+    wyoming_max_connections: int = Field(64, ge=1)
+    """Open Wyoming connections at once; one more is answered with an `error` event and closed."""
+    wyoming_max_connections_per_client: int = Field(8, ge=1)
+    """Open Wyoming connections of one client address; one more from it is answered with an
+    `error` event and closed while other clients can still connect."""
+    wyoming_send_timeout: float = Field(60, gt=0)
+    """Seconds a Wyoming event may wait on a client that reads nothing; past it the connection
+    is closed as if the client had left, and its request stops."""
+    max_response_header_bytes: int = Field(4096, ge=512)
+    """Largest value of a header VoxMux makes from a request (the normalization report); common
+    proxies refuse a response whose headers pass 4 or 8 KiB. A report over it is refused before
+    any audio (ask for the SSE stream or the captioned route instead)."""
     allowed_hosts: Annotated[list[str], NoDecode] = []
     """Host names (comma list; `*` = any) this server answers besides loopback ones (localhost,
     127.0.0.0/8, ::1, any port). Empty: a server bound to a loopback address answers loopback
