@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,7 +69,11 @@ class LiveServer:
 
     def segments(self, model: str, text: str) -> list[str]:
         """How this server cuts `text` for `model` (its planner, its settings)."""
-        segments: list[str] = self.app.state.service.plan(model=model, text=text).segments
+        # In a thread of its own: the caller may run an event loop already (Playwright's).
+        with ThreadPoolExecutor(1) as thread:
+            plan = thread.submit(asyncio.run, self.app.state.service.plan(
+                model=model, text=text)).result()
+        segments: list[str] = plan.segments
         return segments
 
     def stop(self) -> None:

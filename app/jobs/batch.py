@@ -17,8 +17,9 @@ from app.http.errors import error_body
 from app.jobs.model import Item, ItemOptions
 from app.jobs.results import encode_clip, manifest_entry
 from app.protocols.schemas import BatchItem, voice_id
+from app.serving.budgets import AudioLimit, check_audio
 from app.serving.service import SpeechService
-from engines.base import InvalidParameter
+from engines.base import InvalidParameter, VoxMuxError
 
 
 def asked(raw: Any) -> dict[str, Any]:
@@ -44,30 +45,39 @@ def fmt_of(raw: Any) -> str:
 
 async def run_batch(service: SpeechService, items: list[Any], request_id: str, client: str
                     ) -> tuple[list[tuple[str, bytes]], list[dict[str, Any]]]:
-    """Every item spoken in turn: the ZIP's members and its manifest entries."""
+    """Every item spoken in turn: the ZIP's members and its manifest entries. The items' audio
+    together is bounded by `batch_max_audio_seconds`: an item past what is left of it is not
+    spoken (its input shows it) or stops where it reaches it, and gets the budget's error."""
     members: list[tuple[str, bytes]] = []
     entries: list[dict[str, Any]] = []
+    left = service.settings.batch_max_audio_seconds
     for index, raw in enumerate(items):
         body, error = validated(raw)
         fmt = fmt_of(raw)
         file, duration = None, None
         if body is not None:
             try:
-                plan = service.plan(**body.plan_fields(), text=body.input, whole=True,
-                                    request_id=f"{request_id}-{index + 1:03d}", client=client)
+                plan = await service.plan(**body.plan_fields(), text=body.input, whole=True,
+                                          request_id=f"{request_id}-{index + 1:03d}",
+                                          client=client)
+                check_audio(plan.least_seconds, left, "batch_max_audio_seconds",
+                            "The batch's audio with this item")
+                if plan.audio_limit is None or left < plan.audio_limit.seconds:
+                    plan.audio_limit = AudioLimit(left, "batch_max_audio_seconds")
                 async with service.speak(plan) as job:
                     audio = await job.whole()
                 data = await asyncio.to_thread(encode_clip, audio, fmt, plan.sample_rate)
                 file = f"{index + 1:03d}.{fmt}"
                 members.append((file, data))
                 duration = len(audio) / plan.sample_rate
+                left -= duration
             except Exception as exc:
                 error = error_body(exc)["error"]
         entries.append(manifest_entry(index, file, asked(raw), fmt, duration, error))
     return members, entries
 
 
-def batch_items(service: SpeechService, items: list[Any]) -> list[Item]:
+async def batch_items(service: SpeechService, items: list[Any]) -> list[Item]:
     """A large batch as a job's items: each checked now; one that fails carries its error."""
     out: list[Item] = []
     for index, raw in enumerate(items):
@@ -80,8 +90,8 @@ def batch_items(service: SpeechService, items: list[Any]) -> list[Item]:
                                   response_format=body.response_format)
             text = body.input
             try:
-                service.plan(**body.plan_fields(), text=body.input, whole=True)
-            except Exception as exc:
+                await service.plan(**body.plan_fields(), text=body.input, whole=True)
+            except VoxMuxError as exc:
                 error = error_body(exc)["error"]
         out.append(Item(index, "", text, options, asked(raw), error))
     return out

@@ -1,6 +1,12 @@
 """A long text as chapters: plain text, Markdown (a chapter per top-level heading) or EPUB (a
 chapter per spine document, read with EbookLib). Each chapter's spoken text starts with its title,
-so a listener hears where a chapter begins."""
+so a listener hears where a chapter begins.
+
+An EPUB is a ZIP, and a small one can inflate to gigabytes: its size and entry count are checked
+against their budgets from the ZIP's directory before anything is inflated (zipfile never reads
+an entry past the size the directory states, so the directory is a real bound), and files a
+book's text never needs (images, fonts, audio, video, styles) are never inflated at all.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +14,27 @@ import base64
 import binascii
 import io
 import re
+import zipfile
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any, Literal
 
+from app.serving.budgets import OverBudget, env_name
 from engines.base import InvalidParameter
 
 InputFormat = Literal["text", "markdown", "epub"]
 
 _BLOCKS = ("p", "h1", "h2", "h3", "h4", "h5", "h6", "li", "blockquote", "pre", "dd", "dt",
            "td", "th", "figcaption")
+
+
+_NEVER_READ = frozenset((
+    ".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".svg", ".avif",  # images
+    ".ico", ".ttf", ".otf", ".woff", ".woff2", ".eot",  # icons, fonts
+    ".mp3", ".m4a", ".m4b", ".aac", ".ogg", ".oga", ".opus", ".wav", ".flac",  # audio
+    ".mp4", ".m4v", ".webm", ".ogv", ".mov", ".mkv",  # video
+    ".css", ".js"))
+"""Extensions of an EPUB's files that its spoken text never needs: never inflated."""
 
 
 @dataclass(frozen=True)
@@ -26,11 +44,20 @@ class Chapter:
     """What is spoken: the title first (when there is one), then the body."""
 
 
-def chapters(source: str, fmt: InputFormat, title: str | None = None) -> list[Chapter]:
+@dataclass(frozen=True)
+class ArchiveBudget:
+    """What an EPUB's ZIP may hold: bytes once inflated, all files together, and files."""
+
+    max_bytes: int
+    max_entries: int
+
+
+def chapters(source: str, fmt: InputFormat, title: str | None = None, *,
+             budget: ArchiveBudget) -> list[Chapter]:
     if fmt == "markdown":
         found = markdown_chapters(source)
     elif fmt == "epub":
-        found = epub_chapters(_epub_bytes(source))
+        found = epub_chapters(_epub_bytes(source), budget)
     else:
         found = [Chapter(title or "", _tidy(source))]
     found = [c for c in found if any(ch.isalnum() for ch in c.text)]
@@ -100,15 +127,48 @@ def _epub_bytes(source: str) -> bytes:
                                param="input") from None
 
 
-def epub_chapters(data: bytes) -> list[Chapter]:
+def check_archive(data: bytes, budget: ArchiveBudget) -> None:
+    """`OverBudget` when the ZIP's directory lists more files, or more bytes once inflated,
+    than `budget` allows; read from the directory alone, nothing inflated."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, OSError) as exc:
+        raise InvalidParameter(f"The EPUB could not be read: {exc}", param="input") from None
+    if len(entries) > budget.max_entries:
+        raise OverBudget("The EPUB's file count", f"{len(entries):,}",
+                         f"{budget.max_entries:,}", env_name("epub_max_entries"))
+    size = sum(entry.file_size for entry in entries)
+    if size > budget.max_bytes:
+        raise OverBudget("The EPUB's uncompressed size", f"{size:,} bytes",
+                         f"{budget.max_bytes:,} bytes", env_name("epub_max_bytes"))
+
+
+def _reader(data: bytes) -> Any:
+    """EbookLib's reader on `data`; the files in `_NEVER_READ` read as empty, uninflated."""
+    from ebooklib import epub
+
+    class TextReader(epub.EpubReader):  # type: ignore[misc]
+        def read_file(self, name: str) -> bytes:
+            if PurePosixPath(name).suffix.lower() in _NEVER_READ:
+                return b""
+            content: bytes = super().read_file(name)
+            return content
+
+    return TextReader(io.BytesIO(data), options={"ignore_ncx": True})
+
+
+def epub_chapters(data: bytes, budget: ArchiveBudget) -> list[Chapter]:
     """A chapter per document of the spine, in reading order, titled by its first heading (or
     the table of contents' name for it)."""
     import ebooklib
     import lxml.html
-    from ebooklib import epub
 
+    check_archive(data, budget)
     try:
-        book = epub.read_epub(io.BytesIO(data), options={"ignore_ncx": True})
+        reader = _reader(data)
+        book = reader.load()
+        reader.process()
     except Exception as exc:  # EbookLib raises many kinds on a damaged file
         raise InvalidParameter(f"The EPUB could not be read: {exc}", param="input") from None
     names: dict[str, str] = {}

@@ -5,6 +5,9 @@ A signed-in Studio session (the key holder's browser) owns its jobs as `studio`.
 either (an open server, or `auth_scope=admin` where synthesis needs none) share one owner,
 `anonymous`: their jobs are reachable by anyone who has the job's id (128 random bits) and no key,
 never by a keyed caller, nor a keyed job by them.
+
+A card reads the store's counts (and each item's summary), never the book's text nor every
+segment; the routes build cards with `job_card`/`job_cards`, which read the store in a thread.
 """
 
 from __future__ import annotations
@@ -17,10 +20,15 @@ from starlette.requests import HTTPConnection
 
 from app.http.auth import COOKIE, authenticator
 from app.jobs import book
-from app.jobs.model import Item, ItemOptions, Job
+from app.jobs.model import Item, ItemOptions, ItemSummary, Job
 from app.jobs.runner import JobRunner
+from app.jobs.store import Store
 from app.protocols.schemas import ErrorInfo, JobCard, JobProgress, JobRequest, voice_id
+from app.serving.budgets import check_audio, speech_floor
+from app.settings import Settings
 from engines.base import InvalidParameter
+
+Counts = tuple[int, int, float]
 
 ANONYMOUS = "anonymous"
 STUDIO = "studio"
@@ -38,8 +46,26 @@ def owner_of(request: HTTPConnection) -> str:
     return ANONYMOUS
 
 
-def card(runner: JobRunner, job: Job, chapters: bool = False) -> JobCard:
-    progress = runner.progress(job)
+async def job_card(runner: JobRunner, job: Job, chapters: bool = False) -> JobCard:
+    """A job's card, the store read in a thread."""
+    return (await job_cards(runner, [job], chapters))[0]
+
+
+async def job_cards(runner: JobRunner, jobs: list[Job], chapters: bool = False
+                    ) -> list[JobCard]:
+    """Cards of `jobs`, the store read in one thread for all of them."""
+    store = runner.store
+    reads = await asyncio.to_thread(lambda: [_read(store, job.id, chapters) for job in jobs])
+    return [_card(runner, job, *read) for job, read in zip(jobs, reads, strict=True)]
+
+
+def _read(store: Store, job_id: str, chapters: bool) -> tuple[Counts, list[ItemSummary] | None]:
+    return store.counts(job_id), store.summaries(job_id) if chapters else None
+
+
+def _card(runner: JobRunner, job: Job, counts: Counts, summaries: list[ItemSummary] | None
+          ) -> JobCard:
+    progress = runner.progress(job, counts)
     request = job.request
     body = JobCard(
         id=job.id, kind=job.kind, status=job.status, created_at=int(job.created),
@@ -48,30 +74,25 @@ def card(runner: JobRunner, job: Job, chapters: bool = False) -> JobCard:
         progress=JobProgress(**progress.json()),
         error=ErrorInfo(**job.error) if job.error else None,
     )
-    if chapters:
-        samples: dict[int, list[int | None]] = {}
-        for segment in runner.store.segments(job.id):  # one query, however many chapters
-            samples.setdefault(segment.item, []).append(segment.samples)
-        body.chapters = [_chapter(job, item, samples.get(item.index, []))
-                         for item in runner.store.items(job.id)]
+    if summaries is not None:
+        body.chapters = [_chapter(job, summary) for summary in summaries]
     return body
 
 
-def _chapter(job: Job, item: Item, samples: list[int | None]) -> dict[str, Any]:
+def _chapter(job: Job, item: ItemSummary) -> dict[str, Any]:
     base = f"/v1/audio/jobs/{job.id}/chapters/{item.index + 1}"
-    ready = item.error is None and bool(samples) and None not in samples
-    seconds = sum(s or 0 for s in samples) / item.sample_rate if ready and item.sample_rate \
-        else None
-    return {"index": item.index + 1, "title": item.title, "chars": len(item.text),
-            "ready": ready, "duration_s": seconds,
+    ready = item.ready
+    return {"index": item.index + 1, "title": item.title, "chars": item.chars,
+            "ready": ready, "duration_s": item.seconds,
             "audio": base + "/audio" if ready else None,
             "captions": {"srt": base + "/captions?format=srt",
                          "vtt": base + "/captions?format=vtt"} if ready else None,
             "error": item.error}
 
 
-def job_items(body: JobRequest) -> list[Item]:
-    """A job request's chapters: its items, or its input read as text, Markdown or EPUB."""
+def job_items(body: JobRequest, budget: book.ArchiveBudget) -> list[Item]:
+    """A job request's chapters: its items, or its input read as text, Markdown or EPUB (an
+    EPUB within `budget`)."""
     options = ItemOptions(model=body.model, voice=body.voice_id, speed=body.speed,
                           language=body.language, instructions=body.instructions,
                           response_format=body.response_format)
@@ -87,19 +108,35 @@ def job_items(body: JobRequest) -> list[Item]:
     if body.input is None:
         raise InvalidParameter("'input' (a text, Markdown or an EPUB) or 'items' is required",
                                param="input")
-    chapters = book.chapters(body.input, body.input_format, body.title)
+    chapters = book.chapters(body.input, body.input_format, body.title, budget=budget)
     return [Item(n, c.title, c.text, options) for n, c in enumerate(chapters)]
+
+
+def check_job(items: list[Item], settings: Settings) -> None:
+    """A job's text within `jobs_max_chars`, and the speech it makes at least within
+    `jobs_max_audio_seconds` (`OverBudget`), before anything is stored."""
+    chars = sum(len(i.text) for i in items)
+    limit = settings.jobs_max_chars
+    if chars > limit:
+        raise InvalidParameter(f"The job's text is {chars} characters; the limit is {limit}",
+                               param="input", code="string_above_max_length")
+    floor = sum(speech_floor(i.text, i.options.speed) for i in items if i.error is None)
+    check_audio(floor, settings.jobs_max_audio_seconds, "jobs_max_audio_seconds", "The job")
+
+
+def checked_items(body: JobRequest, settings: Settings) -> list[Item]:
+    """A job request's items, read within the EPUB budgets, checked by `check_job`."""
+    items = job_items(body, book.ArchiveBudget(settings.epub_max_bytes,
+                                               settings.epub_max_entries))
+    check_job(items, settings)
+    return items
 
 
 async def start_job(runner: JobRunner, owner: str, body: JobRequest) -> Job:
     """Check, cut into chapters and segments, store and queue a job (the API's and the
     Studio's)."""
-    items = await asyncio.to_thread(job_items, body)
+    items = await asyncio.to_thread(checked_items, body, runner.settings)
     chars = sum(len(i.text) for i in items)
-    limit = runner.settings.jobs_max_chars
-    if chars > limit:
-        raise InvalidParameter(f"The job's text is {chars} characters; the limit is {limit}",
-                               param="input", code="string_above_max_length")
     return await runner.create(owner, "book", {
         "model": body.model, "voice": body.voice_id, "speed": body.speed,
         "response_format": body.response_format, "title": body.title,

@@ -78,6 +78,33 @@ class Segment:
 
 
 @dataclass(frozen=True)
+class ItemSummary:
+    """One item as a job's card shows it, read without its text or its segments: what it is,
+    and the counts its store keeps as its segments are stored. (What the client asked for it
+    is left out: that repeats the text.)"""
+
+    index: int
+    title: str
+    chars: int
+    options: ItemOptions
+    error: dict[str, Any] | None
+    sample_rate: int | None
+    segments: int
+    done: int
+    """Segments stored."""
+    samples: int
+    """Samples stored, all its segments together."""
+
+    @property
+    def ready(self) -> bool:
+        return self.error is None and 0 < self.segments == self.done
+
+    @property
+    def seconds(self) -> float | None:
+        return self.samples / self.sample_rate if self.ready and self.sample_rate else None
+
+
+@dataclass(frozen=True)
 class Progress:
     done: int
     total: int

@@ -57,7 +57,8 @@ class Outputs:
 
 
 def keep_job(outputs: Outputs, store: Any, record: Any, pause_ms: int) -> None:
-    """A finished job's result into the outputs directory: a book's whole audio, a batch's ZIP."""
+    """A finished job's result into the outputs directory: a book's whole audio, a batch's ZIP
+    (the runner calls this in a thread, in the job's ZIP turn for a batch: `JobRunner._run`)."""
     from app.jobs.results import encoded, job_zip, whole_chunks
 
     items = store.items(record.id)

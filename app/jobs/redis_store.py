@@ -6,9 +6,14 @@ items, segments and finished audio in Redis instead of SQLite and files. Keys, a
 
     index                  sorted set: job id, scored by its `created`
     job:<id>               hash: owner, kind, status, request (JSON), created, updated,
-                           finished ("" until it ends), error (JSON or ""), bytes
+                           finished ("" until it ends), error (JSON or ""), bytes; and its
+                           progress: seg_total, seg_done, audio_seconds
     items:<id>             hash: item index -> JSON (title, text, options, asked, error,
                            sample_rate)
+    meta:<id>              hash: item index -> JSON (title, chars, options, error,
+                           sample_rate): the item without its text
+    tally:<id>             hash: "<index>:segments", "<index>:done", "<index>:samples": each
+                           item's counts
     seg:<id>               hash: seq -> JSON (item, part, text, offset, samples); `samples` is
                            null until the segment's audio is stored
     words:<id>             hash: seq -> JSON word rows, for finished segments that have words
@@ -22,6 +27,12 @@ segment), so processes storing at once never pass it together. A segment's scrip
 audio, then marks the segment done, in one step: no process ever sees a segment done without
 its audio, and a refused segment leaves nothing. Storing a segment again replaces it and counts
 only the difference. Deleting a job removes all its keys and gives its bytes back at once.
+
+Progress is counted by the same script as each segment is stored (the job's counts on its hash,
+each item's in `tally:`), so a job's card reads its hash and, for its chapters, `meta:` and
+`tally:`: a few small values per item, never the items' texts nor every segment. A job stored by
+the previous version, which kept no counts, is counted once when first read (in a transaction
+that starts over if a segment is stored meanwhile).
 
 Derived files (a job's ZIP) are not shared: each process builds its own from the segments under
 `<data_dir>/jobs-cache/<id>/` (`file`), outside the bound (`reserve` only checks that the bound
@@ -66,6 +77,7 @@ from app.jobs.model import (
     DiskFull,
     Item,
     ItemOptions,
+    ItemSummary,
     Job,
     JobKind,
     JobNotFound,
@@ -78,16 +90,20 @@ from app.jobs.store import WordRow, no_room
 log = logging.getLogger(__name__)
 
 PREFIX = "voxmux:jobs:"
+COUNTS = ("seg_done", "seg_total", "audio_seconds")
+"""A job's progress, on its hash."""
 
 _FINISH_SEGMENT = """
--- KEYS: used, job, seg, words, audio; ARGV: seq, segment JSON, words JSON or '', audio,
--- max_bytes, now. Returns {1, used} stored, {0, 0} no such job or segment, {-1, used} full.
+-- KEYS: used, job, seg, words, audio, meta, tally; ARGV: seq, segment JSON, words JSON or '',
+-- audio, max_bytes, now, samples. Returns {1, used} stored, {0, 0} no such job or segment,
+-- {-1, used} full.
 if redis.call('EXISTS', KEYS[2]) == 0 or redis.call('HEXISTS', KEYS[3], ARGV[1]) == 0 then
   return {0, 0}
 end
 local used = tonumber(redis.call('GET', KEYS[1]) or '0')
 local delta = string.len(ARGV[4]) - redis.call('STRLEN', KEYS[5])
 if delta > 0 and used + delta > tonumber(ARGV[5]) then return {-1, used} end
+local before = cjson.decode(redis.call('HGET', KEYS[3], ARGV[1]))
 redis.call('SET', KEYS[5], ARGV[4])
 if ARGV[3] == '' then
   redis.call('HDEL', KEYS[4], ARGV[1])
@@ -97,6 +113,24 @@ end
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 redis.call('HINCRBY', KEYS[2], 'bytes', delta)
 redis.call('HSET', KEYS[2], 'updated', ARGV[6])
+-- Its progress, on a job that is counted (one of the previous version is counted when read)
+-- and an item that exists (a segment of no item is not counted).
+local item = tostring(before['item'])
+local meta = redis.call('HGET', KEYS[6], item)
+if meta and redis.call('HEXISTS', KEYS[2], 'seg_total') == 1 then
+  local added = tonumber(ARGV[7])
+  if type(before['samples']) == 'number' then
+    added = added - before['samples']
+  else
+    redis.call('HINCRBY', KEYS[2], 'seg_done', 1)
+    redis.call('HINCRBY', KEYS[7], item .. ':done', 1)
+  end
+  redis.call('HINCRBY', KEYS[7], item .. ':samples', added)
+  local rate = cjson.decode(meta)['sample_rate']
+  if type(rate) == 'number' and rate > 0 then
+    redis.call('HINCRBYFLOAT', KEYS[2], 'audio_seconds', string.format('%.17g', added / rate))
+  end
+end
 return {1, redis.call('INCRBY', KEYS[1], delta)}
 """
 
@@ -111,15 +145,15 @@ return 1
 """
 
 _DELETE = """
--- KEYS: job, items, seg, words, lease, index, used; ARGV: audio key prefix, job id.
+-- KEYS: job, items, seg, words, lease, meta, tally, index, used; ARGV: audio key prefix, job id.
 local bytes = tonumber(redis.call('HGET', KEYS[1], 'bytes') or '0')
 for _, seq in ipairs(redis.call('HKEYS', KEYS[3])) do
   redis.call('DEL', ARGV[1] .. seq)
 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
-redis.call('ZREM', KEYS[6], ARGV[2])
-if bytes ~= 0 and redis.call('DECRBY', KEYS[7], bytes) <= 0 then
-  redis.call('DEL', KEYS[7])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
+redis.call('ZREM', KEYS[8], ARGV[2])
+if bytes ~= 0 and redis.call('DECRBY', KEYS[9], bytes) <= 0 then
+  redis.call('DEL', KEYS[9])
 end
 return bytes
 """
@@ -224,11 +258,20 @@ class RedisJobStore:
         size = sum(len(i.text.encode()) for i in items) + sum(len(s.text.encode())
                                                                 for s in segments)
         job_key = self._key("job", job.id)
-        fields = _job_fields(job, size)
+        per_item = {i.index: 0 for i in items}
+        for segment in segments:
+            if segment.item in per_item:  # (a segment of no item is not counted)
+                per_item[segment.item] += 1
+        fields = _job_fields(job, size) | {"seg_total": sum(per_item.values()), "seg_done": 0,
+                                           "audio_seconds": "0"}
         item_rows: dict[FieldT, EncodableT] = {str(i.index): json.dumps({
             "title": i.title, "text": i.text, "options": dataclasses.asdict(i.options),
             "asked": i.asked, "error": i.error or None, "sample_rate": i.sample_rate})
             for i in items}
+        meta_rows: dict[FieldT, EncodableT] = {
+            str(i.index): _meta(i.title, len(i.text), dataclasses.asdict(i.options),
+                                i.error or None, i.sample_rate) for i in items}
+        tally = _tally({i: (n, 0, 0) for i, n in per_item.items()})
         segment_rows: dict[FieldT, EncodableT] = {str(s.seq): json.dumps({
             "item": s.item, "part": s.part, "text": s.text, "offset": s.offset,
             "samples": None}) for s in segments}
@@ -243,6 +286,8 @@ class RedisJobStore:
             pipe.hset(job_key, mapping=fields)
             if item_rows:
                 pipe.hset(self._key("items", job.id), mapping=item_rows)
+                pipe.hset(self._key("meta", job.id), mapping=meta_rows)
+                pipe.hset(self._key("tally", job.id), mapping=tally)
             if segment_rows:
                 pipe.hset(self._key("seg", job.id), mapping=segment_rows)
             pipe.zadd(self._index, {job.id: job.created})
@@ -294,20 +339,83 @@ class RedisJobStore:
                 for seq, s in self._segment_rows(job_id) if item is None or s["item"] == item]
 
     def counts(self, job_id: str) -> tuple[int, int, float]:
-        """(segments done, segments in all, seconds of audio stored)."""
-        rates = {i.index: i.sample_rate for i in self.items(job_id)}
-        done = total = 0
-        seconds: list[float] = []
-        for _, segment in self._segment_rows(job_id):
-            if segment["item"] not in rates:  # as JobStore's join: no item, not counted
-                continue
-            total += 1
-            samples, rate = segment["samples"], rates[segment["item"]]
-            if samples is not None:
-                done += 1
-                if rate:
-                    seconds.append(samples / rate)
-        return done, total, math.fsum(seconds)
+        """(segments done, segments in all, seconds of audio stored), as counted."""
+        key = self._key("job", job_id)
+        with self._reach():
+            done, total, seconds = self._redis.hmget(key, COUNTS)
+        if total is None:  # no such job, or one the previous version stored
+            if not self._count_old(job_id):
+                return 0, 0, 0.0
+            with self._reach():
+                done, total, seconds = self._redis.hmget(key, COUNTS)
+        return int(done or 0), int(total or 0), float(seconds or 0)
+
+    def summaries(self, job_id: str) -> list[ItemSummary]:
+        """Each item without its text, with its counts."""
+        counted, metas, tally = self._summary_rows(job_id)
+        if not counted:
+            if not self._count_old(job_id):
+                return []
+            counted, metas, tally = self._summary_rows(job_id)
+        out = []
+        for index, raw in sorted(metas.items(), key=lambda row: int(row[0])):
+            meta, n = json.loads(raw), _text(index)
+            out.append(ItemSummary(
+                int(n), meta["title"], meta["chars"], ItemOptions(**meta["options"]),
+                meta["error"], meta["sample_rate"], int(tally.get(f"{n}:segments", 0)),
+                int(tally.get(f"{n}:done", 0)), int(tally.get(f"{n}:samples", 0))))
+        return out
+
+    def _summary_rows(self, job_id: str) -> tuple[bool, dict[Any, Any], dict[str, Any]]:
+        with self._reach():
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.hexists(self._key("job", job_id), "seg_total")
+            pipe.hgetall(self._key("meta", job_id))
+            pipe.hgetall(self._key("tally", job_id))
+            counted, metas, tally = pipe.execute()
+        return bool(counted), metas, {_text(k): v for k, v in tally.items()}
+
+    def _count_old(self, job_id: str) -> bool:
+        """Count a job the previous version stored (no counts kept), once, from its items and
+        segments; in a transaction that starts over when a segment is stored meanwhile. False
+        when there is no such job."""
+        job_key, items_key, seg_key = (self._key(kind, job_id) for kind in ("job", "items", "seg"))
+        found = False
+
+        def count(pipe: Pipeline) -> None:
+            nonlocal found
+            found = bool(pipe.exists(job_key))
+            if not found or pipe.hexists(job_key, "seg_total"):
+                return
+            items = {int(k): json.loads(v) for k, v in pipe.hgetall(items_key).items()}
+            per_item = {index: [0, 0, 0] for index in items}
+            seconds: list[float] = []
+            for raw in pipe.hgetall(seg_key).values():
+                segment = json.loads(raw)
+                counts = per_item.get(segment["item"])
+                if counts is None:  # (a segment of no item is not counted)
+                    continue
+                counts[0] += 1
+                if segment["samples"] is not None:
+                    counts[1] += 1
+                    counts[2] += segment["samples"]
+                    if rate := items[segment["item"]]["sample_rate"]:
+                        seconds.append(segment["samples"] / rate)
+            pipe.multi()
+            if items:
+                pipe.hset(self._key("meta", job_id), mapping={str(index): _meta(
+                    item["title"], len(item["text"]), item["options"], item["error"],
+                    item["sample_rate"]) for index, item in items.items()})
+                pipe.hset(self._key("tally", job_id), mapping=_tally(
+                    {index: (n, d, s) for index, (n, d, s) in per_item.items()}))
+            pipe.hset(job_key, mapping={
+                "seg_total": sum(c[0] for c in per_item.values()),
+                "seg_done": sum(c[1] for c in per_item.values()),
+                "audio_seconds": repr(math.fsum(seconds))})
+
+        with self._reach():
+            self._redis.transaction(count, job_key, items_key, seg_key)
+        return found
 
     def words(self, job_id: str, item: int) -> list[list[WordRow]]:
         seqs = [s.seq for s in self.segments(job_id, item)]
@@ -352,18 +460,32 @@ class RedisJobStore:
             changes["error"] = error
         if not changes:
             return
-        key = self._key("items", job_id)
+        self._count_old(job_id)  # (one the previous version stored: its summaries change too)
+        key, meta_key, tally_key, job_key = (self._key(kind, job_id)
+                                             for kind in ("items", "meta", "tally", "job"))
 
         def update(pipe: Pipeline) -> None:
             raw = pipe.hget(key, str(index))
             if raw is None:  # no such item (or job): nothing to change
                 return
             item = json.loads(raw) | changes
+            seconds = None
+            if sample_rate is not None:  # its audio, counted anew at its new rate
+                rates = {_text(k): json.loads(v)["sample_rate"]
+                         for k, v in pipe.hgetall(meta_key).items()} | {str(index): sample_rate}
+                tally = {_text(k): int(v) for k, v in pipe.hgetall(tally_key).items()}
+                seconds = math.fsum(tally.get(f"{n}:samples", 0) / rate
+                                    for n, rate in rates.items() if rate)
             pipe.multi()
             pipe.hset(key, str(index), json.dumps(item))
+            pipe.hset(meta_key, str(index), _meta(item["title"], len(item["text"]),
+                                                  item["options"], item["error"],
+                                                  item["sample_rate"]))
+            if seconds is not None:
+                pipe.hset(job_key, "audio_seconds", repr(seconds))
 
         with self._reach():
-            self._redis.transaction(update, key)
+            self._redis.transaction(update, key, meta_key, tally_key, job_key)
 
     def finish_segment(self, job_id: str, seq: int, pcm16: bytes, words: list[WordRow]
                        ) -> None:
@@ -377,9 +499,10 @@ class RedisJobStore:
             raise JobNotFound(f"Job {job_id} has no segment {seq} (deleted?)")
         segment = json.loads(raw) | {"samples": len(pcm16) // 2}
         keys = [self._used, self._key("job", job_id), seg_key, self._key("words", job_id),
-                self._audio_key(job_id, seq)]
+                self._audio_key(job_id, seq), self._key("meta", job_id),
+                self._key("tally", job_id)]
         args: list[EncodableT] = [seq, json.dumps(segment), json.dumps(words) if words else "",
-                                  pcm16, self.max_bytes, repr(time.time())]
+                                  pcm16, self.max_bytes, repr(time.time()), len(pcm16) // 2]
         with self._reach():
             outcome, used = self._finish(keys=keys, args=args)
         if outcome == 0:
@@ -401,7 +524,8 @@ class RedisJobStore:
     def delete(self, job_id: str) -> None:
         """Remove every key of the job (its lease too) and give its bytes back, at once; and
         this process's cached files of it."""
-        keys = [self._key(kind, job_id) for kind in ("job", "items", "seg", "words", "lease")]
+        keys = [self._key(kind, job_id)
+                for kind in ("job", "items", "seg", "words", "lease", "meta", "tally")]
         with self._reach():
             self._delete(keys=[*keys, self._index, self._used],
                          args=[f"{self.prefix}audio:{job_id}:", job_id])
@@ -474,6 +598,22 @@ def _job_fields(job: Job, size: int) -> dict[FieldT, EncodableT]:
     return {"owner": job.owner, "kind": job.kind, "status": job.status,
             "request": json.dumps(job.request), "created": repr(float(job.created)),
             "updated": repr(float(job.updated)), "finished": "", "error": "", "bytes": size}
+
+
+def _meta(title: str, chars: int, options: dict[str, Any], error: dict[str, Any] | None,
+          sample_rate: int | None) -> str:
+    """An item as a card shows it, without its text."""
+    return json.dumps({"title": title, "chars": chars, "options": options, "error": error,
+                       "sample_rate": sample_rate})
+
+
+def _tally(counts: Mapping[int, tuple[int, int, int]]) -> dict[FieldT, EncodableT]:
+    """Each item's (segments, done, samples) as `tally:` fields."""
+    fields: dict[FieldT, EncodableT] = {}
+    for index, (segments, done, samples) in counts.items():
+        fields |= {f"{index}:segments": segments, f"{index}:done": done,
+                   f"{index}:samples": samples}
+    return fields
 
 
 def _text(value: Any) -> str:

@@ -5,7 +5,6 @@ them with a `manifest.json`. Blocking: run off the event loop."""
 from __future__ import annotations
 
 import json
-import threading
 import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -14,16 +13,13 @@ from typing import Any
 import numpy as np
 
 from app.audio.encoders import StreamEncoder
-from app.jobs.model import Item, Job
+from app.jobs.model import Item, Job, JobNotFound
 from app.jobs.store import Store
 from app.protocols.openai import PCM_RATE
 from app.protocols.timestamps import CaptionFormat, captions
 from engines.base import Audio, WordTiming
 
 ZIP_NAME = "result.zip"
-_ZIP_LOCK = threading.Lock()
-"""One ZIP made at a time: the outputs directory's copy and a client's GET may ask for the same
-job's ZIP at once (they raced on one temporary file)."""
 
 
 def encoder(fmt: str, rate: int) -> StreamEncoder:
@@ -110,12 +106,16 @@ def write_zip(target: Any, members: Iterable[tuple[str, bytes]], manifest: dict[
 
 
 def job_zip(store: Store, job: Job) -> Path:
-    """The finished job's ZIP (made once, kept in its folder, counted against the bound)."""
-    with _ZIP_LOCK:
-        path = store.file(job.id, ZIP_NAME)
-        if path.exists():
-            return path
+    """The finished job's ZIP (made once, kept in its folder, counted against the bound).
+    One caller per job at a time (`JobRunner.result_zip`): two would race on one temporary
+    file. `JobNotFound` when the job is deleted meanwhile."""
+    path = store.file(job.id, ZIP_NAME)
+    if path.exists():
+        return path
+    try:
         return _make_zip(store, job, path)
+    except FileNotFoundError:  # its folder went with it
+        raise JobNotFound(f"Job {job.id} is gone (deleted?)", param="id") from None
 
 
 def _make_zip(store: Store, job: Job, path: Path) -> Path:

@@ -20,6 +20,11 @@ renewed every second; any process answers for it, a cancel anywhere marks it and
 stops within a second, and when a process dies its jobs go to another once their leases lapse,
 resuming at the first segment without stored audio. A chapter's missing segments may render as
 parts at once (`_windows`): on a cluster, Serve spreads them over the engine replicas.
+
+A job's audio is bounded (`jobs_max_audio_seconds`): the segment that would take the audio stored
+past it fails the job (`over_budget`), a batch's too. Every store call runs in a thread, never on
+the event loop; a job's ZIP is built by one caller at a time (`result_zip`), the others waiting
+on the loop, not in a thread.
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ import socket
 import sqlite3
 import time
 import uuid
-from collections.abc import Coroutine, Iterable
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -49,7 +55,9 @@ from app.jobs.model import (
     Segment,
     StoreUnavailable,
 )
+from app.jobs.results import job_zip
 from app.jobs.store import JobStore, Store, WordRow
+from app.serving.budgets import OverBudget, env_name, seconds
 from app.serving.events import SegmentEnd, SegmentWords
 from app.serving.service import SpeechService
 from app.settings import Settings
@@ -79,6 +87,21 @@ class _Run:
     """Characters rendered in this run (for the estimate)."""
     chars_left: int = 0
     cancelling: bool = False
+    seconds: float = 0.0
+    """Audio stored for the job so far (its earlier runs' included), against its budget."""
+
+
+class JobOverBudget(OverBudget):
+    """The job's audio would pass `jobs_max_audio_seconds`: the whole job fails (a batch's
+    too, unlike a budget of one of its items)."""
+
+
+@dataclass
+class _ZipTurn:
+    """One job's ZIP lock, kept while anyone holds or waits for it."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
 
 
 class JobRunner:
@@ -99,6 +122,7 @@ class JobRunner:
         self._claiming: set[str] = set()
         self._runs: dict[str, _Run] = {}
         self._changed: dict[str, asyncio.Event] = {}
+        self._zips: dict[str, _ZipTurn] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.unavailable: str | None = None
         """Why the store could not be opened, if it could not."""
@@ -124,7 +148,7 @@ class JobRunner:
             if self.shared:  # a Redis that starts after VoxMux (compose, Kubernetes): wait
                 self._tasks = [asyncio.create_task(self._open_later(), name="jobs-open")]
             return
-        self._start_workers()
+        await self._start_workers()
 
     async def _try_open(self) -> bool:
         try:
@@ -145,17 +169,23 @@ class JobRunner:
         while not await self._try_open():
             await asyncio.sleep(OPEN_RETRY_SECONDS)
         log.info("jobs: the shared job store is open")
-        self._start_workers()
+        await self._start_workers()
 
-    def _start_workers(self) -> None:
+    async def _start_workers(self) -> None:
         if not self.shared:  # (a shared store's jobs are claimed as their leases lapse)
-            for job_id in self.store.interrupted():
-                self.store.set_status(job_id, "queued")
+            for job_id in await asyncio.to_thread(self._requeue):
                 self._queue.put_nowait(job_id)
                 log.info("job %s: resumed after a restart", job_id)
         self._tasks += [asyncio.create_task(self._worker(), name=f"jobs-{n}")
                         for n in range(self.settings.jobs_concurrency)]
         self._tasks.append(asyncio.create_task(self._sweep(), name="jobs-retention"))
+
+    def _requeue(self) -> list[str]:
+        """The jobs the last process left queued or running, queued again."""
+        interrupted = self.store.interrupted()
+        for job_id in interrupted:
+            self.store.set_status(job_id, "queued")
+        return interrupted
 
     def _open(self) -> Store:
         settings = self.settings
@@ -188,8 +218,8 @@ class JobRunner:
             if self.shared:
                 for job_id in runs:
                     with contextlib.suppress(Exception):
-                        self._leases().release(job_id, self.worker)
-            self.store.close()
+                        await asyncio.to_thread(self._leases().release, job_id, self.worker)
+            await asyncio.to_thread(self.store.close)
 
     # -- making ------------------------------------------------------------------------------
 
@@ -223,14 +253,15 @@ class JobRunner:
 
     # -- reading -----------------------------------------------------------------------------
 
-    def progress(self, job: Job) -> Progress:
-        done, total, seconds = self.store.counts(job.id)
+    def progress(self, job: Job, counts: tuple[int, int, float]) -> Progress:
+        """The job's progress from its store `counts`, with an estimate of the time left."""
+        done, total, stored = counts
         eta: float | None = 0.0 if job.ended else None
         run = self._runs.get(job.id)
         if run is not None and run.chars_done:
             rate = (time.monotonic() - run.started) / run.chars_done
             eta = rate * run.chars_left
-        return Progress(done, total, seconds, eta)
+        return Progress(done, total, stored, eta)
 
     async def changed(self, job_id: str, timeout: float) -> None:
         """Return when the job's state or progress changes, or after `timeout` seconds."""
@@ -248,7 +279,7 @@ class JobRunner:
 
     # -- cancelling --------------------------------------------------------------------------
 
-    def cancel(self, job: Job) -> None:
+    async def cancel(self, job: Job) -> None:
         """Stop a queued or running job; its finished segments stay readable. A job another
         process runs (shared store) is marked `cancelled`; that process stops it within
         `KEEP_SECONDS`."""
@@ -259,17 +290,41 @@ class JobRunner:
             run.cancelling = True
             run.task.cancel()
         else:
-            self.store.set_status(job.id, "cancelled")
+            await asyncio.to_thread(self.store.set_status, job.id, "cancelled")
         self._notify(job.id)
 
     async def delete(self, job: Job) -> None:
+        """Stop the job and delete it with its files; a segment being stored meanwhile gives
+        its own bytes back (`Store.finish_segment`)."""
         run = self._runs.get(job.id)
         if run is not None and run.task is not None:
             run.cancelling = True
             run.task.cancel()
             await asyncio.gather(run.task, return_exceptions=True)
-        self.store.delete(job.id)
+        await asyncio.to_thread(self.store.delete, job.id)
         self._notify(job.id)
+
+    # -- results -----------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def zip_turn(self, job_id: str) -> AsyncIterator[None]:
+        """The job's turn to build its ZIP: one build per job at a time (a client's GET and the
+        outputs copy may ask at once), waited for on the loop, never holding a thread; other
+        jobs' ZIPs are built meanwhile."""
+        turn = self._zips.setdefault(job_id, _ZipTurn())
+        turn.users += 1
+        try:
+            async with turn.lock:
+                yield
+        finally:
+            turn.users -= 1
+            if not turn.users:
+                del self._zips[job_id]
+
+    async def result_zip(self, job: Job) -> Path:
+        """The finished job's ZIP (`app.jobs.results.job_zip`), built in its turn."""
+        async with self.zip_turn(job.id):
+            return await asyncio.to_thread(job_zip, self.store, job)
 
     # -- running -----------------------------------------------------------------------------
 
@@ -324,7 +379,7 @@ class JobRunner:
             job_id = await self._next()
             run = self._runs.setdefault(job_id, _Run())
             try:
-                job = self.store.job(job_id)
+                job = await asyncio.to_thread(self.store.job, job_id)
             except StoreUnavailable as exc:
                 log.warning("job %s: %s", job_id, exc.message)
                 job = None
@@ -332,7 +387,7 @@ class JobRunner:
                 self._runs.pop(job_id, None)
                 if self.shared:
                     with contextlib.suppress(StoreUnavailable):
-                        self._leases().release(job_id, self.worker)
+                        await asyncio.to_thread(self._leases().release, job_id, self.worker)
                 continue
             run.task = asyncio.create_task(self._run(job), name=f"job-{job_id}")
             keeper = asyncio.create_task(self._keep(job_id, run)) if self.shared else None
@@ -344,7 +399,7 @@ class JobRunner:
                     await asyncio.gather(run.task, return_exceptions=True)
                     raise
                 if run.cancelling:  # cancelled before it first ran
-                    self.store.set_status(job_id, "cancelled")
+                    await asyncio.to_thread(self.store.set_status, job_id, "cancelled")
             except Exception:  # the store failed under the job: the next job still runs
                 log.exception("job %s: the runner failed", job_id)
             finally:
@@ -357,52 +412,68 @@ class JobRunner:
 
     async def _run(self, job: Job) -> None:
         run = self._runs[job.id]
-        self.store.set_status(job.id, "running")
+        store = self.store
+        await asyncio.to_thread(store.set_status, job.id, "running")
         self._notify(job.id)
         try:
-            items = self.store.items(job.id)
-            left = [s for s in self.store.segments(job.id) if s.samples is None]
-            run.chars_left = sum(len(s.text) for s in left)
+            items, segments, counts = await asyncio.to_thread(
+                lambda: (store.items(job.id), store.segments(job.id), store.counts(job.id)))
+            run.chars_left = sum(len(s.text) for s in segments if s.samples is None)
+            run.seconds = counts[2]
             for item in items:
                 if item.error is None:
                     await self._item(job, item, run)
         except asyncio.CancelledError:
             if run.cancelling:
-                if self.store.job(job.id) is not None:  # (not when deleted)
-                    self.store.set_status(job.id, "cancelled")
+                await asyncio.to_thread(self._cancelled, job.id)
                 return
             raise  # the server is stopping: the job stays `running`, to resume
         except StoreUnavailable as exc:  # (shared) it resumes here or elsewhere, lease lapsed
             log.warning("job %s stopped: %s", job.id, exc.message)
             return
         except Exception as exc:
-            self.store.set_status(job.id, "failed", error_body(exc)["error"])
+            await asyncio.to_thread(store.set_status, job.id, "failed", error_body(exc)["error"])
             if not isinstance(exc, VoxMuxError):
                 log.exception("job %s failed", job.id)
             else:
                 log.warning("job %s failed: %s", job.id, exc.message)
             return
-        current = self.store.job(job.id)
-        if current is None or current.status == "cancelled":  # by another process, just now
-            return
-        self.store.set_status(job.id, "done")
-        if self.on_done is not None:
-            finished = self.store.job(job.id)
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(self.on_done, self.store, finished)
+        finished = await asyncio.to_thread(self._done, job.id)
+        if finished is not None and self.on_done is not None:
+            # A batch's copy in the outputs directory is its ZIP: built in the job's ZIP turn.
+            turn: contextlib.AbstractAsyncContextManager[Any] = (
+                self.zip_turn(job.id) if job.kind == "batch" else contextlib.nullcontext())
+            async with turn:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(self.on_done, store, finished)
+
+    def _cancelled(self, job_id: str) -> None:
+        """Mark a job cancelled here as such, unless it was deleted."""
+        if self.store.job(job_id) is not None:
+            self.store.set_status(job_id, "cancelled")
+
+    def _done(self, job_id: str) -> Job | None:
+        """Mark the job done, unless it was cancelled (by another process, just now) or
+        deleted meanwhile; the job as it now is."""
+        current = self.store.job(job_id)
+        if current is None or current.status == "cancelled":
+            return None
+        self.store.set_status(job_id, "done")
+        return self.store.job(job_id)
 
     async def _item(self, job: Job, item: Item, run: _Run) -> None:
         """Render what is left of one item, in parts at once (`_windows`)."""
-        segments = self.store.segments(job.id, item.index)
+        segments = await asyncio.to_thread(self.store.segments, job.id, item.index)
         windows = _windows(segments, await self._at_once())
         try:
             await _all(self._part(job, item, start, end, run) for start, end in windows)
-        except (DiskFull, Cancelled):
+        except (DiskFull, Cancelled, JobOverBudget):
             raise
         except VoxMuxError as exc:
             if job.kind != "batch":
                 raise
-            self.store.set_item(job.id, item.index, error=error_body(exc)["error"])
+            await asyncio.to_thread(self.store.set_item, job.id, item.index,
+                                    error=error_body(exc)["error"])
 
     async def _part(self, job: Job, item: Item, start: int, end: int, run: _Run) -> None:
         """Render segments `start` to `end` of the item, retrying from where it stopped when the
@@ -410,7 +481,7 @@ class JobRunner:
         each part on its own, so parts waiting for room do not cancel the one rendering."""
         tries = 0
         while True:
-            segments = self.store.segments(job.id, item.index)
+            segments = await asyncio.to_thread(self.store.segments, job.id, item.index)
             first = next((s.part for s in segments[start:end] if s.samples is None), None)
             if first is None:
                 return
@@ -439,8 +510,8 @@ class JobRunner:
         """Segments `start` to `end` of the item: a plan cut where the job cut it, ending at
         `end` (the pause before a segment is its own, so a part joins as the whole would)."""
         part = f"-{start}" if end < len(segments) or start else ""
-        plan = self.service.plan_long(
-            **item.options.plan_fields(), text=item.text,
+        plan = await asyncio.to_thread(
+            self.service.plan_long, **item.options.plan_fields(), text=item.text,
             segments=[s.text for s in segments[:end]], offsets=[s.offset for s in segments[:end]],
             request_id=f"{job.id}-{item.index + 1:03d}{part}", client=f"job:{job.owner}",
             start=start)
@@ -456,8 +527,7 @@ class JobRunner:
                 elif isinstance(event, SegmentEnd):
                     audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
                     segment = segments[event.index]
-                    await asyncio.to_thread(self.store.finish_segment, job.id, segment.seq,
-                                            to_pcm16(audio), words)
+                    await self._store_segment(job, segment, audio, rate, words, run)
                     clock += event.samples
                     chunks, words = [], []
                     run.chars_done += len(segment.text)
@@ -466,14 +536,36 @@ class JobRunner:
                 else:
                     chunks.append(event)
 
+    async def _store_segment(self, job: Job, segment: Segment, audio: np.ndarray, rate: int,
+                             words: list[WordRow], run: _Run) -> None:
+        """Store a rendered segment, counted against the job's audio budget first: the segment
+        that would pass it is not stored, and fails the job (`JobOverBudget`)."""
+        added = len(audio) / rate
+        limit = self.settings.jobs_max_audio_seconds
+        if run.seconds + added > limit:
+            raise JobOverBudget(
+                "The job's audio", f"over {seconds(limit)}", seconds(limit),
+                env_name("jobs_max_audio_seconds"),
+                hint="split the text into several jobs, or raise the budget")
+        run.seconds += added  # (before the await: parts storing at once see each other)
+        store = self.store
+        try:
+            await asyncio.to_thread(lambda: store.finish_segment(job.id, segment.seq,
+                                                                 to_pcm16(audio), words))
+        except BaseException:
+            run.seconds -= added
+            raise
+
     async def _sweep(self) -> None:
         """Delete finished jobs past their retention, at start and then hourly."""
         hours = self.settings.jobs_retention_hours
         while True:
             try:
                 if hours > 0:
-                    for job_id in self.store.expired(time.time() - hours * 3600):
-                        self.store.delete(job_id)
+                    expired = await asyncio.to_thread(self.store.expired,
+                                                      time.time() - hours * 3600)
+                    for job_id in expired:
+                        await asyncio.to_thread(self.store.delete, job_id)
                         log.info("job %s: deleted after %g h (VOXMUX_JOBS_RETENTION_HOURS)",
                                  job_id, hours)
                 await asyncio.to_thread(self.store.prune)

@@ -9,11 +9,21 @@ survives the process dying (not a power cut in the last instant).
 
 The bound `max_bytes` counts every job's text and its segment and ZIP files; a new job or a
 segment that would pass it, or a disk that is really full, is refused or fails its job
-(`DiskFull`), never the server.
+(`DiskFull`), never the server. Every byte counted is given back: a segment stored while its job
+is being deleted finds no row to mark, and takes its file and its bytes back itself.
+
+Progress is counted as segments are stored, in the same transaction: the job's segments, those
+done and its seconds of audio (on `jobs`), and each item's (`summaries`: an item's title, length,
+options, error and rate beside its counts, without its text). A job's card reads those, never
+the items' texts nor every segment. A database written by the previous version (no counts) is
+counted once when it is opened.
+
+Blocking, every call: the job runner and the routes call the store off the event loop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -34,8 +44,10 @@ from app.jobs.model import (
     DiskFull,
     Item,
     ItemOptions,
+    ItemSummary,
     Job,
     JobKind,
+    JobNotFound,
     JobStatus,
     Segment,
 )
@@ -44,7 +56,8 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY, owner TEXT NOT NULL, kind TEXT NOT NULL, status TEXT NOT NULL,
     request TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL, finished REAL,
-    error TEXT, bytes INTEGER NOT NULL DEFAULT 0
+    error TEXT, bytes INTEGER NOT NULL DEFAULT 0,
+    seg_total INTEGER, seg_done INTEGER, audio_seconds REAL
 );
 CREATE TABLE IF NOT EXISTS items (
     job TEXT NOT NULL, idx INTEGER NOT NULL, title TEXT NOT NULL, text TEXT NOT NULL,
@@ -57,6 +70,39 @@ CREATE TABLE IF NOT EXISTS segments (
     PRIMARY KEY (job, seq)
 );
 CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner, created);
+CREATE TABLE IF NOT EXISTS summaries (
+    job TEXT NOT NULL, idx INTEGER NOT NULL, title TEXT NOT NULL, chars INTEGER NOT NULL,
+    options TEXT NOT NULL, error TEXT, sample_rate INTEGER, segments INTEGER NOT NULL,
+    done INTEGER NOT NULL DEFAULT 0, samples INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (job, idx)
+);
+"""
+
+COUNTS = {"seg_total": "INTEGER", "seg_done": "INTEGER", "audio_seconds": "REAL"}
+"""A job's progress, on its row: columns a database of the previous version gets when opened
+(NULL on its rows until they are counted)."""
+
+_COUNT_OLD = """
+INSERT OR REPLACE INTO summaries (job, idx, title, chars, options, error, sample_rate, segments,
+                                  done, samples)
+SELECT i.job, i.idx, i.title, length(i.text), i.options, i.error, i.sample_rate,
+       COALESCE(c.total, 0), COALESCE(c.done, 0), COALESCE(c.samples, 0)
+FROM items i JOIN jobs j ON j.id = i.job
+LEFT JOIN (SELECT job, item, COUNT(*) AS total, COUNT(samples) AS done,
+                  SUM(samples) AS samples FROM segments GROUP BY job, item) c
+       ON c.job = i.job AND c.item = i.idx
+WHERE j.seg_total IS NULL;
+UPDATE jobs SET
+    seg_total = (SELECT COALESCE(SUM(segments), 0) FROM summaries WHERE job = jobs.id),
+    seg_done = (SELECT COALESCE(SUM(done), 0) FROM summaries WHERE job = jobs.id)
+WHERE seg_total IS NULL;
+"""
+
+_SECONDS = """
+UPDATE jobs SET audio_seconds = (
+    SELECT COALESCE(SUM(CAST(samples AS REAL) / sample_rate), 0) FROM summaries
+    WHERE job = jobs.id AND sample_rate > 0)
+WHERE id = ?
 """
 
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -85,6 +131,7 @@ class Store(Protocol):
     def items(self, job_id: str) -> list[Item]: ...
     def segments(self, job_id: str, item: int | None = None) -> list[Segment]: ...
     def counts(self, job_id: str) -> tuple[int, int, float]: ...
+    def summaries(self, job_id: str) -> list[ItemSummary]: ...
     def words(self, job_id: str, item: int) -> list[list[WordRow]]: ...
     def audio(self, job_id: str, seq: int) -> npt.NDArray[np.float32]: ...
     def file(self, job_id: str, name: str) -> Path: ...
@@ -114,11 +161,28 @@ class JobStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        self._count_old()
         self.used = int(self._one("SELECT COALESCE(SUM(bytes), 0) FROM jobs")[0])
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+    def _count_old(self) -> None:
+        """Count the jobs of a database the previous version wrote (no counts kept): once,
+        from their items and segments."""
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
+        with self._write() as db:
+            for name, kind in COUNTS.items():
+                if name not in columns:
+                    db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+            old = [r[0] for r in db.execute("SELECT id FROM jobs WHERE seg_total IS NULL")]
+            if old:
+                for statement in _COUNT_OLD.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                for job_id in old:
+                    db.execute(_SECONDS, (job_id,))
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -156,16 +220,27 @@ class JobStore:
         (self.root / job.id).mkdir(exist_ok=True)
 
     def _insert(self, job: Job, items: list[Item], segments: list[Segment], size: int) -> None:
+        per_item = {i.index: 0 for i in items}
+        for segment in segments:
+            if segment.item in per_item:  # (a segment of no item is not counted)
+                per_item[segment.item] += 1
         with self._write() as db:
             db.execute("INSERT INTO jobs (id, owner, kind, status, request, created, updated, "
-                       "bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       "bytes, seg_total, seg_done, audio_seconds) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0.0)",
                        (job.id, job.owner, job.kind, job.status, json.dumps(job.request),
-                        job.created, job.updated, size))
+                        job.created, job.updated, size, sum(per_item.values())))
             db.executemany(
                 "INSERT INTO items (job, idx, title, text, options, asked, error, sample_rate) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [(job.id, i.index, i.title, i.text, json.dumps(i.options.__dict__),
                   json.dumps(i.asked), json.dumps(i.error) if i.error else None, i.sample_rate)
+                 for i in items])
+            db.executemany(
+                "INSERT INTO summaries (job, idx, title, chars, options, error, sample_rate, "
+                "segments) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(job.id, i.index, i.title, len(i.text), json.dumps(i.options.__dict__),
+                  json.dumps(i.error) if i.error else None, i.sample_rate, per_item[i.index])
                  for i in items])
             db.executemany(
                 "INSERT INTO segments (job, seq, item, part, text, offset) "
@@ -209,12 +284,18 @@ class JobStore:
         return [Segment(*r) for r in self._all(sql + " ORDER BY seq", *args)]
 
     def counts(self, job_id: str) -> tuple[int, int, float]:
-        """(segments done, segments in all, seconds of audio stored)."""
-        row = self._one(
-            "SELECT COUNT(s.samples), COUNT(*), "
-            "COALESCE(SUM(CAST(s.samples AS REAL) / i.sample_rate), 0) FROM segments s "
-            "JOIN items i ON i.job = s.job AND i.idx = s.item WHERE s.job = ?", job_id)
-        return int(row[0]), int(row[1]), float(row[2])
+        """(segments done, segments in all, seconds of audio stored), as counted."""
+        row = self._one("SELECT seg_done, seg_total, audio_seconds FROM jobs WHERE id = ?",
+                        job_id)
+        return (int(row[0]), int(row[1]), float(row[2])) if row else (0, 0, 0.0)
+
+    def summaries(self, job_id: str) -> list[ItemSummary]:
+        """Each item without its text, with its counts."""
+        rows = self._all("SELECT idx, title, chars, options, error, sample_rate, segments, "
+                         "done, samples FROM summaries WHERE job = ? ORDER BY idx", job_id)
+        return [ItemSummary(r[0], r[1], r[2], ItemOptions(**json.loads(r[3])),
+                            json.loads(r[4]) if r[4] else None, r[5], r[6], r[7], r[8])
+                for r in rows]
 
     def words(self, job_id: str, item: int) -> list[list[WordRow]]:
         rows = self._all("SELECT words FROM segments WHERE job = ? AND item = ? ORDER BY seq",
@@ -247,23 +328,28 @@ class JobStore:
     def set_item(self, job_id: str, index: int, *, sample_rate: int | None = None,
                  error: dict[str, Any] | None = None) -> None:
         with self._write() as db:
-            if sample_rate is not None:
-                db.execute("UPDATE items SET sample_rate = ? WHERE job = ? AND idx = ?",
-                           (sample_rate, job_id, index))
-            if error is not None:
-                db.execute("UPDATE items SET error = ? WHERE job = ? AND idx = ?",
-                           (json.dumps(error), job_id, index))
+            for table in ("items", "summaries"):
+                if sample_rate is not None:
+                    db.execute(f"UPDATE {table} SET sample_rate = ? WHERE job = ? AND idx = ?",
+                               (sample_rate, job_id, index))
+                if error is not None:
+                    db.execute(f"UPDATE {table} SET error = ? WHERE job = ? AND idx = ?",
+                               (json.dumps(error), job_id, index))
+            if sample_rate is not None:  # its audio, counted anew at its new rate
+                db.execute(_SECONDS, (job_id,))
 
     def finish_segment(self, job_id: str, seq: int, pcm16: bytes, words: list[WordRow]
                        ) -> None:
-        """Store one rendered segment; blocking (run it off the event loop). `DiskFull` when the
-        bound or the disk has no room: nothing of the segment is left behind."""
+        """Store one rendered segment (again: it replaces the one stored, and counts the
+        difference). `DiskFull` when the bound or the disk has no room, `JobNotFound` when the
+        job is gone (deleted meanwhile): either way nothing of the segment is left behind, its
+        bytes included."""
         size = len(pcm16)
         self._reserve(size)
         path = self._path(job_id, seq)
         tmp = path.with_suffix(".tmp")
         try:
-            with open(tmp, "wb") as handle:
+            with open(tmp, "wb") as handle:  # (never makes the folder of a deleted job)
                 handle.write(pcm16)
                 handle.flush()
                 os.fsync(handle.fileno())
@@ -274,17 +360,60 @@ class JobStore:
             if exc.errno in _NO_ROOM:
                 raise DiskFull(f"The disk has no room for the job's audio ({exc.strerror})",
                                code="disk_full") from None
+            if isinstance(exc, FileNotFoundError):
+                raise JobNotFound(f"Job {job_id} is gone (deleted?)") from None
             raise
+        try:
+            replaced = self._mark_done(job_id, seq, size // 2, words)
+        except BaseException:
+            self._release(size)
+            path.unlink(missing_ok=True)
+            self._drop_folder(job_id)
+            raise
+        self._release(2 * replaced)  # the file it replaced
+
+    def _mark_done(self, job_id: str, seq: int, samples: int, words: list[WordRow]) -> int:
+        """Mark the segment stored and count it, in one transaction; the samples it had before
+        (0 if none). `JobNotFound` when the job has been deleted."""
         with self._write() as db:
+            row = db.execute("SELECT s.item, s.samples, c.sample_rate, c.idx IS NOT NULL "
+                             "FROM segments s LEFT JOIN summaries c "
+                             "ON c.job = s.job AND c.idx = s.item WHERE s.job = ? AND s.seq = ?",
+                             (job_id, seq)).fetchone()
+            if row is None:
+                raise JobNotFound(f"Job {job_id} has no segment {seq} (deleted?)")
+            item, before, rate, counted = row
+            added = samples - (before or 0)
             db.execute("UPDATE segments SET samples = ?, words = ? WHERE job = ? AND seq = ?",
-                       (size // 2, json.dumps(words) if words else None, job_id, seq))
+                       (samples, json.dumps(words) if words else None, job_id, seq))
+            if counted:  # (a segment of no item is not counted, as it never was)
+                new = int(before is None)
+                db.execute("UPDATE summaries SET done = done + ?, samples = samples + ? "
+                           "WHERE job = ? AND idx = ?", (new, added, job_id, item))
+                db.execute("UPDATE jobs SET seg_done = seg_done + ?, "
+                           "audio_seconds = audio_seconds + ? WHERE id = ?",
+                           (new, added / rate if rate else 0.0, job_id))
             db.execute("UPDATE jobs SET bytes = bytes + ?, updated = ? WHERE id = ?",
-                       (size, time.time(), job_id))
+                       (2 * added, time.time(), job_id))
+        return int(before or 0)
+
+    def _drop_folder(self, job_id: str) -> None:
+        """The folder of a job deleted while a file was being written into it, once empty."""
+        if self.job(job_id) is None:
+            with contextlib.suppress(OSError):
+                (self.root / job_id).rmdir()
 
     def add_file(self, job_id: str, name: str, size: int) -> None:
-        """Count a file written into the job's folder (its ZIP) against the bound."""
+        """Count a file written into the job's folder (its ZIP; `reserve`d first) against the
+        bound; `JobNotFound` (the file removed, its bytes given back) once the job is gone."""
         with self._write() as db:
-            db.execute("UPDATE jobs SET bytes = bytes + ? WHERE id = ?", (size, job_id))
+            found = db.execute("UPDATE jobs SET bytes = bytes + ? WHERE id = ?",
+                               (size, job_id)).rowcount
+        if not found:
+            self._release(size)
+            self.file(job_id, name).unlink(missing_ok=True)
+            self._drop_folder(job_id)
+            raise JobNotFound(f"Job {job_id} is gone (deleted?)")
 
     def reserve(self, size: int) -> None:
         self._reserve(size)
@@ -300,12 +429,16 @@ class JobStore:
             self.used -= size
 
     def delete(self, job_id: str) -> None:
-        job = self.job(job_id)
+        """Remove the job and its files, and give back its bytes as counted in the same
+        transaction (a segment stored just before is in them; one stored after gives its own
+        back: `finish_segment`)."""
         with self._write() as db:
-            for table, key in (("segments", "job"), ("items", "job"), ("jobs", "id")):
+            row = db.execute("SELECT bytes FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            for table, key in (("segments", "job"), ("summaries", "job"), ("items", "job"),
+                               ("jobs", "id")):
                 db.execute(f"DELETE FROM {table} WHERE {key} = ?", (job_id,))
-        if job is not None:
-            self._release(job.bytes)
+        if row is not None:
+            self._release(int(row[0]))
         shutil.rmtree(self.root / job_id, ignore_errors=True)
 
     def expired(self, older_than: float) -> list[str]:
@@ -319,7 +452,6 @@ class JobStore:
         rows = self._all("SELECT id FROM jobs WHERE status IN ('queued', 'running') "
                          "ORDER BY created")
         return [r[0] for r in rows]
-
 
     def prune(self) -> None:
         """Nothing to do: every file here belongs to a job of this store."""

@@ -52,16 +52,20 @@ def _timed(job: SpeechJob, body: dict[str, Any], words: list[WordTiming], start:
 async def whole_response(job: SpeechJob, fmt: str, caption: CaptionFormat | None,
                          request: Request) -> Response:
     audio, words = await whole_timed(job, request)
-    data = await asyncio.to_thread(encode_whole, audio, job.sample_rate, fmt)
-    body = _timed(job, {"audio": base64.b64encode(data).decode(),
-                        "audio_format": CONTENT_TYPES[fmt]}, words)
-    if caption is not None:
-        body["captions"] = captions(_text(job), words, caption)
+
+    def serialized() -> bytes:  # encoding and base64 of minutes of audio: off the event loop
+        data = encode_whole(audio, job.sample_rate, fmt)
+        body = _timed(job, {"audio": base64.b64encode(data).decode(),
+                            "audio_format": CONTENT_TYPES[fmt]}, words)
+        if caption is not None:
+            body["captions"] = captions(_text(job), words, caption)
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+    content = await asyncio.to_thread(serialized)
     headers = job_headers(job, output_rate(fmt, job.sample_rate))
     assert job.stats is not None
     headers["X-VoxMux-Stats"] = compact(job.stats.envelope())
-    return Response(json.dumps(body, ensure_ascii=False, separators=(",", ":")),
-                    media_type="application/json", headers=headers)
+    return Response(content, media_type="application/json", headers=headers)
 
 
 def ndjson_line(body: dict[str, Any]) -> bytes:

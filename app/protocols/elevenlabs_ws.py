@@ -146,8 +146,8 @@ class ElevenLabsFraming:
         self._alignment: dict[str, list[Any]] | None = None
         """The next sentence's characters, sent with its first audio frame."""
 
-    def plan(self, service: SpeechService, options: BaseModel, text: str | None,
-             request_id: str, client: str) -> SpeechPlan:
+    async def plan(self, service: SpeechService, options: BaseModel, text: str | None,
+                   request_id: str, client: str) -> SpeechPlan:
         assert isinstance(options, Options)
         self._format = el.output_format(options.output_format)
         body = el.TextToSpeech(text=" ", model_id=options.model_id,

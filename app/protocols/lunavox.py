@@ -86,8 +86,9 @@ def choose_voice(options: SynthOptions) -> VoiceChoice:
     return VoiceChoice("custom", voice, tuple(ignored))
 
 
-def plan(service: SpeechService, options: SynthOptions, text: str | None, request_id: str,
-         client: str, whole: bool = False) -> tuple[SpeechPlan, VoiceChoice]:
+async def plan(service: SpeechService, options: SynthOptions, text: str | None,
+               request_id: str, client: str, whole: bool = False
+               ) -> tuple[SpeechPlan, VoiceChoice]:
     """Plan from LunaVox-style options (`text` None: streamed text follows; `whole`: answered as
     one file, see `SpeechService.plan`); ignored fields also become a warning."""
     choice = choose_voice(options)
@@ -101,7 +102,7 @@ def plan(service: SpeechService, options: SynthOptions, text: str | None, reques
         "client": client,
     }
     planned = (service.plan_stream(**fields) if text is None
-               else service.plan(**fields, text=text, whole=whole))
+               else await service.plan(**fields, text=text, whole=whole))
     if choice.ignored:
         planned.warnings.append(f"ignored: {', '.join(choice.ignored)} (no sampling engine here)")
     return planned, choice
@@ -144,10 +145,10 @@ class LunaVoxFraming:
         self.text_in = text_in
         self.choice = VoiceChoice("base", None, ())
 
-    def plan(self, service: SpeechService, options: BaseModel, text: str | None,
-             request_id: str, client: str) -> SpeechPlan:
+    async def plan(self, service: SpeechService, options: BaseModel, text: str | None,
+                   request_id: str, client: str) -> SpeechPlan:
         assert isinstance(options, SynthOptions)
-        planned, self.choice = plan(service, options, text, request_id, client)
+        planned, self.choice = await plan(service, options, text, request_id, client)
         return planned
 
     def audio(self, ws: WebSocket, plan: SpeechPlan) -> AudioOut:

@@ -46,15 +46,15 @@ class VoxMuxFraming:
         """Every word frame sent, for the `cancelled` frame."""
         self._segment_index = 0
 
-    def plan(self, service: SpeechService, options: BaseModel, text: str | None,
-             request_id: str, client: str) -> SpeechPlan:
+    async def plan(self, service: SpeechService, options: BaseModel, text: str | None,
+                   request_id: str, client: str) -> SpeechPlan:
         assert isinstance(options, WsOptions)
         self.format, self.binary = options.format, options.binary
         fields = options.plan_fields() | {"timestamps": options.timestamps == "word",
                                           "request_id": request_id, "client": client}
         if text is None:
             return service.plan_stream(**fields)
-        return service.plan(**fields, text=text)
+        return await service.plan(**fields, text=text)
 
     def audio(self, ws: WebSocket, plan: SpeechPlan) -> AudioOut:
         as_json = None if self.binary else self._json_audio

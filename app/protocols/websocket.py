@@ -73,8 +73,8 @@ class Progress:
 class Framing(Protocol):
     """What the client sees around the audio; one instance per session."""
 
-    def plan(self, service: SpeechService, options: BaseModel, text: str | None,
-             request_id: str, client: str) -> SpeechPlan:
+    async def plan(self, service: SpeechService, options: BaseModel, text: str | None,
+                   request_id: str, client: str) -> SpeechPlan:
         """Plan the request from the first message (`text` None: streamed text follows)."""
 
     def audio(self, ws: WebSocket, plan: SpeechPlan) -> AudioOut: ...
@@ -220,7 +220,8 @@ class Session:
 
     async def _serve(self) -> None:
         options, text = await self.mode.open(self)
-        plan = self.framing.plan(self.service, options, text, self.request_id, self.client)
+        plan = await self.framing.plan(self.service, options, text, self.request_id,
+                                       self.client)
         async with self.service.speak(plan) as job:
             self._job = job
             try:

@@ -221,8 +221,8 @@ class WyomingHandler(AsyncEventHandler):
     async def _whole(self, request: Synthesize) -> None:
         try:
             model, voice = resolve(self.service, request.voice)
-            plan = self.service.plan(model=model, voice=voice, text=request.text,
-                                     client=self.client, input_format=_format(request))
+            plan = await self.service.plan(model=model, voice=voice, text=request.text,
+                                           client=self.client, input_format=_format(request))
         except VoxMuxError as exc:
             await self._error(exc)
             return

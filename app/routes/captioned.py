@@ -20,8 +20,8 @@ async def captioned_speech(body: CaptionedSpeechRequest, request: Request,
                            service: ServiceDep, request_id: RequestIdDep, client: ClientDep
                            ) -> Response:
     timed = body.return_timestamps or body.captions is not None
-    plan = service.plan(**body.plan_fields(), text=body.input, request_id=request_id,
-                        timestamps=timed, whole=not body.stream, client=client)
+    plan = await service.plan(**body.plan_fields(), text=body.input, request_id=request_id,
+                              timestamps=timed, whole=not body.stream, client=client)
     job = service.speak(plan)
     if body.stream:
         return captioned.stream_response(job, body.response_format, body.captions)

@@ -65,10 +65,11 @@ async def _plan(request: Request, voice_id: str, *, timestamps: bool
     chosen = el.target(service, _voxmux_name(request, voice_id), body)
     speed = body.voice_settings.speed if body.voice_settings and body.voice_settings.speed else 1.0
     try:
-        plan = service.plan(model=chosen.model, voice=chosen.voice, text=body.text, speed=speed,
-                            language=body.language_code, timestamps=timestamps,
-                            request_id=request.scope.get("state", {}).get("request_id"),
-                            client=client_id(request))
+        plan = await service.plan(
+            model=chosen.model, voice=chosen.voice, text=body.text, speed=speed,
+            language=body.language_code, timestamps=timestamps,
+            request_id=request.scope.get("state", {}).get("request_id"),
+            client=client_id(request))
     except InvalidParameter as exc:  # ElevenLabs' field is `text`
         if exc.param != "input":
             raise
@@ -98,9 +99,14 @@ async def convert_with_timestamps(voice_id: str, request: Request) -> Response:
     job, out = await _plan(request, voice_id, timestamps=True)
     samples, words = await whole_timed(job, request)
     encoder = StreamEncoder(out.fmt, job.sample_rate, out.rate, out.bit_rate)
-    data = await asyncio.to_thread(lambda: encoder.encode(samples) + encoder.finish())
+
+    def body() -> bytes:  # encoding and base64 of minutes of audio: off the event loop
+        data = encoder.encode(samples) + encoder.finish()
+        return json.dumps(_chunk(job, data, words, 0, None), separators=(",", ":")).encode()
+
     headers = {"X-VoxMux-Warnings": warnings_header(job.plan.warnings)} if job.plan.warnings else {}
-    return JSONResponse(_chunk(job, data, words, 0, None), headers=headers)
+    return Response(await asyncio.to_thread(body), media_type="application/json",
+                    headers=headers)
 
 
 async def stream_with_timestamps(voice_id: str, request: Request) -> Response:

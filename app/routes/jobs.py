@@ -1,5 +1,6 @@
 """Long-form routes: `POST /v1/audio/batch` and `/v1/audio/jobs` (see `app.jobs`; who owns a
-job: `app.jobs.front`)."""
+job: `app.jobs.front`). Every job store read and write runs in a thread: the event loop only
+routes and frames."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 
 from app.audio.encoders import CONTENT_TYPES, output_rate
 from app.http.deps import ClientDep, RequestIdDep, ServiceDep
+from app.http.disconnect import unless_disconnected
 from app.jobs.batch import batch_items, run_batch
-from app.jobs.front import card, owner_of, start_job
+from app.jobs.front import check_job, job_card, job_cards, owner_of, start_job
 from app.jobs.model import Item, Job, JobNotFound, JobNotReady
 from app.jobs.outputs import Outputs
 from app.jobs.results import (
@@ -23,11 +25,11 @@ from app.jobs.results import (
     item_captions,
     item_chunks,
     item_ready,
-    job_zip,
     whole_chunks,
     write_zip,
 )
 from app.jobs.runner import JobRunner
+from app.jobs.store import Store
 from app.protocols.openai import PCM_RATE
 from app.protocols.schemas import (
     ERROR_RESPONSES,
@@ -54,8 +56,8 @@ def _outputs(request: Request) -> Outputs | None:
     return outputs
 
 
-def _job(runner: JobRunner, job_id: str, owner: str) -> Job:
-    job = runner.store.job(job_id)
+async def _job(runner: JobRunner, job_id: str, owner: str) -> Job:
+    job = await asyncio.to_thread(runner.store.job, job_id)
     if job is None or job.owner != owner:
         raise JobNotFound(f"No job '{job_id}'", param="id")
     return job
@@ -73,11 +75,13 @@ async def create_batch(body: BatchRequest, request: Request, service: ServiceDep
                                param="items")
     if len(body.items) > settings.batch_max_items:
         runner = _runner(request)  # only a batch that becomes a job needs the store
-        items = await asyncio.to_thread(batch_items, service, body.items)
+        items = await batch_items(service, body.items)
+        check_job(items, settings)
         job = await runner.create(owner, "batch", {"items": len(items)}, items)
-        return JSONResponse(card(runner, job).model_dump(), status_code=202,
+        return JSONResponse((await job_card(runner, job)).model_dump(), status_code=202,
                             headers={"Location": f"/v1/audio/jobs/{job.id}"})
-    members, entries = await run_batch(service, body.items, request_id, client)
+    members, entries = await unless_disconnected(
+        request, run_batch(service, body.items, request_id, client))
     buffer = io.BytesIO()
     manifest = {"items": entries}
     await asyncio.to_thread(write_zip, buffer, members, manifest)
@@ -96,18 +100,19 @@ async def create_batch(body: BatchRequest, request: Request, service: ServiceDep
              response_model=JobCard)
 async def create_job(body: JobRequest, runner: RunnerDep, owner: OwnerDep) -> JSONResponse:
     job = await start_job(runner, owner, body)
-    return JSONResponse(card(runner, job).model_dump(), status_code=202,
+    return JSONResponse((await job_card(runner, job)).model_dump(), status_code=202,
                         headers={"Location": f"/v1/audio/jobs/{job.id}"})
 
 
 @router.get("/v1/audio/jobs", response_model=JobList, responses=ERROR_RESPONSES)
 async def list_jobs(runner: RunnerDep, owner: OwnerDep) -> JobList:
-    return JobList(data=[card(runner, job) for job in runner.store.jobs(owner)])
+    jobs = await asyncio.to_thread(runner.store.jobs, owner)
+    return JobList(data=await job_cards(runner, jobs))
 
 
 @router.get("/v1/audio/jobs/{job_id}", response_model=JobCard, responses=ERROR_RESPONSES)
 async def get_job(job_id: str, runner: RunnerDep, owner: OwnerDep) -> JobCard:
-    return card(runner, _job(runner, job_id, owner), chapters=True)
+    return await job_card(runner, await _job(runner, job_id, owner), chapters=True)
 
 
 @router.delete("/v1/audio/jobs/{job_id}", response_model=JobCard, responses=ERROR_RESPONSES)
@@ -116,18 +121,18 @@ async def delete_job(job_id: str, runner: RunnerDep, owner: OwnerDep,
                      ) -> JobCard:
     """Cancel a queued or running job (its finished chapters stay readable); `purge=true`
     deletes the job and its files whatever its state."""
-    job = _job(runner, job_id, owner)
+    job = await _job(runner, job_id, owner)
     if purge:
-        body = card(runner, job)
+        body = await job_card(runner, job)
         await runner.delete(job)
         return body
-    runner.cancel(job)
+    await runner.cancel(job)
     for _ in range(100):  # a running one stops at its engine's next step
-        job = _job(runner, job_id, owner)
+        job = await _job(runner, job_id, owner)
         if job.ended:
             break
         await asyncio.sleep(0.05)
-    return card(runner, job)
+    return await job_card(runner, job)
 
 
 @router.get("/v1/audio/jobs/{job_id}/events", responses=ERROR_RESPONSES,
@@ -135,15 +140,16 @@ async def delete_job(job_id: str, runner: RunnerDep, owner: OwnerDep,
 async def job_events(job_id: str, runner: RunnerDep, owner: OwnerDep) -> StreamingResponse:
     """Server-sent events: `job.progress` at every finished segment and state change, then one
     of `job.done`, `job.failed`, `job.cancelled`; a comment every 15 s keeps proxies open."""
-    _job(runner, job_id, owner)
+    await _job(runner, job_id, owner)
+    store = runner.store
 
     async def events() -> AsyncIterator[bytes]:
         last = None
         while True:
-            job = runner.store.job(job_id)
+            job = await asyncio.to_thread(store.job, job_id)
             if job is None:
                 return
-            payload = card(runner, job).model_dump()
+            payload = (await job_card(runner, job)).model_dump()
             key = (job.status, payload["progress"]["done"])
             if key != last:
                 kind = f"job.{job.status}" if job.ended else "job.progress"
@@ -152,7 +158,7 @@ async def job_events(job_id: str, runner: RunnerDep, owner: OwnerDep) -> Streami
             if job.ended:
                 return
             await runner.changed(job_id, 15)
-            if runner.store.job(job_id) is not None and key == last:
+            if key == last:  # (the next turn ends the stream if the job is gone)
                 yield b": keep-alive\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream",
@@ -185,13 +191,13 @@ def _media(fmt: str, rate: int) -> str:
 @router.get("/v1/audio/jobs/{job_id}/audio", responses=ERROR_RESPONSES)
 async def job_audio(job_id: str, runner: RunnerDep, owner: OwnerDep) -> Response:
     """The whole result: every chapter in order in the asked format (a batch job: its ZIP)."""
-    job = _job(runner, job_id, owner)
+    job = await _job(runner, job_id, owner)
     if job.status != "done":
         raise JobNotReady(f"The job is {job.status}; its audio is whole once it is done",
                           param="id")
     if job.kind == "batch":
         return await job_result_zip(job_id, runner, owner)
-    items = runner.store.items(job.id)
+    items = await asyncio.to_thread(runner.store.items, job.id)
     fmt = str(job.request.get("response_format", "mp3"))
     rate = _sample_rate(items)
     chunks = whole_chunks(runner.store, job.id, items, runner.settings.chapter_pause_ms)
@@ -199,8 +205,9 @@ async def job_audio(job_id: str, runner: RunnerDep, owner: OwnerDep) -> Response
                              headers=_audio_headers(fmt, rate, job.id))
 
 
-def _item(runner: JobRunner, job: Job, number: int) -> Item:
-    items = runner.store.items(job.id)
+def _item(store: Store, job: Job, number: int) -> Item:
+    """Chapter `number` (1-based), once it is finished; blocking."""
+    items = store.items(job.id)
     if not 1 <= number <= len(items):
         raise JobNotFound(f"The job has no chapter {number} (1 to {len(items)})",
                           param="chapter")
@@ -208,7 +215,7 @@ def _item(runner: JobRunner, job: Job, number: int) -> Item:
     if item.error is not None:
         raise JobNotReady(f"Chapter {number} failed: {item.error.get('message')}",
                           param="chapter")
-    if not item_ready(runner.store, job.id, item):
+    if not item_ready(store, job.id, item):
         raise JobNotReady(f"Chapter {number} is not finished yet", param="chapter")
     return item
 
@@ -217,8 +224,8 @@ def _item(runner: JobRunner, job: Job, number: int) -> Item:
 async def chapter_audio(job_id: str, number: int, runner: RunnerDep, owner: OwnerDep
                         ) -> Response:
     """One chapter (1-based) in the asked format, as soon as that chapter is finished."""
-    job = _job(runner, job_id, owner)
-    item = _item(runner, job, number)
+    job = await _job(runner, job_id, owner)
+    item = await asyncio.to_thread(_item, runner.store, job, number)
     fmt, rate = item.options.response_format, item.sample_rate or 24_000
     chunks = item_chunks(runner.store, job.id, item)
     return StreamingResponse(_streamed(chunks, fmt, rate), media_type=_media(fmt, rate),
@@ -229,8 +236,8 @@ async def chapter_audio(job_id: str, number: int, runner: RunnerDep, owner: Owne
 async def chapter_captions(job_id: str, number: int, runner: RunnerDep, owner: OwnerDep,
                            format: str = Query("srt", pattern="^(srt|vtt)$")) -> Response:
     """SRT or WebVTT for one chapter, from the word timings its engine reported."""
-    job = _job(runner, job_id, owner)
-    item = _item(runner, job, number)
+    job = await _job(runner, job_id, owner)
+    item = await asyncio.to_thread(_item, runner.store, job, number)
     text = await asyncio.to_thread(item_captions, runner.store, job.id, item,
                                    format)  # type: ignore[arg-type]
     if text is None:
@@ -243,9 +250,9 @@ async def chapter_captions(job_id: str, number: int, runner: RunnerDep, owner: O
 @router.get("/v1/audio/jobs/{job_id}/zip", responses=ERROR_RESPONSES)
 async def job_result_zip(job_id: str, runner: RunnerDep, owner: OwnerDep) -> Response:
     """Every chapter's audio and captions with a `manifest.json`, once the job is done."""
-    job = _job(runner, job_id, owner)
+    job = await _job(runner, job_id, owner)
     if job.status != "done":
         raise JobNotReady(f"The job is {job.status}; its ZIP is made once it is done",
                           param="id")
-    path = await asyncio.to_thread(job_zip, runner.store, job)
+    path = await runner.result_zip(job)
     return FileResponse(path, media_type="application/zip", filename=f"{job.id}.zip")

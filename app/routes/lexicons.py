@@ -1,7 +1,10 @@
 """`/v1/audio/lexicons`: each API key's pronunciation lexicons (create, list, read, replace,
-delete; a W3C PLS document is imported as one). They apply to every request made with the key."""
+delete; a W3C PLS document is imported as one). They apply to every request made with the key.
+The store reads and writes files: each call runs in a worker thread, off the event loop."""
 
 from __future__ import annotations
+
+import asyncio
 
 from fastapi import APIRouter, Request
 
@@ -18,7 +21,8 @@ PLS_TYPES = ("application/pls+xml", "application/xml", "text/xml")
 
 @router.get("/v1/audio/lexicons", responses=ERROR_RESPONSES)
 async def list_lexicons(service: ServiceDep, client: ClientDep) -> dict[str, object]:
-    return {"object": "list", "data": service.lexicons.list(owner_of(client))}
+    data = await asyncio.to_thread(service.lexicons.list, owner_of(client))
+    return {"object": "list", "data": data}
 
 
 @router.post("/v1/audio/lexicons", responses=ERROR_RESPONSES, status_code=201,
@@ -34,31 +38,32 @@ async def create_lexicon(request: Request, service: ServiceDep, client: ClientDe
     if kind in PLS_TYPES:
         if not name:
             raise InvalidParameter("a PLS import needs ?name=", param="name")
-        language, entries = parse_pls(raw.decode("utf-8", "replace"))
-        return service.lexicons.put(owner_of(client), name, language, entries)
+        language, entries = await asyncio.to_thread(parse_pls, raw.decode("utf-8", "replace"))
+        return await asyncio.to_thread(service.lexicons.put, owner_of(client), name, language,
+                                       entries)
     try:
         body = LexiconCreate.model_validate_json(raw)
     except ValueError as exc:
         raise InvalidParameter(f"a lexicon is JSON {{name, language, entries}} or PLS: {exc}",
                                param="entries") from exc
-    return service.lexicons.put(owner_of(client), body.name, body.language, body.entries,
-                                body.scope)
+    return await asyncio.to_thread(service.lexicons.put, owner_of(client), body.name,
+                                   body.language, body.entries, body.scope)
 
 
 @router.get("/v1/audio/lexicons/{name}", responses=ERROR_RESPONSES)
 async def get_lexicon(name: str, service: ServiceDep, client: ClientDep) -> dict[str, object]:
-    return service.lexicons.get(owner_of(client), name)
+    return await asyncio.to_thread(service.lexicons.get, owner_of(client), name)
 
 
 @router.put("/v1/audio/lexicons/{name}", responses=ERROR_RESPONSES)
 async def replace_lexicon(name: str, body: LexiconBody, service: ServiceDep,
                           client: ClientDep) -> dict[str, object]:
-    return service.lexicons.put(owner_of(client), name, body.language, body.entries,
-                                body.scope)
+    return await asyncio.to_thread(service.lexicons.put, owner_of(client), name, body.language,
+                                   body.entries, body.scope)
 
 
 @router.delete("/v1/audio/lexicons/{name}", responses=ERROR_RESPONSES)
 async def delete_lexicon(name: str, service: ServiceDep, client: ClientDep
                          ) -> dict[str, object]:
-    service.lexicons.delete(owner_of(client), name)
+    await asyncio.to_thread(service.lexicons.delete, owner_of(client), name)
     return {"name": name, "deleted": True}

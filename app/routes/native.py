@@ -7,7 +7,7 @@ the legacy routes take HayaKoe's `speaker_name` as another name for `voice`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -30,7 +30,7 @@ _AUDIO: dict[int | str, dict[str, Any]] = {200: {"content": {CONTENT_TYPES["wav"
 @router.post("/v1/synth", responses=ERROR_RESPONSES | _AUDIO, response_class=Response)
 async def synth(body: SynthRequest, request: Request, service: ServiceDep,
                 request_id: RequestIdDep, client: ClientDep) -> Response:
-    plan, choice = lunavox.plan(service, body, body.input, request_id, client, whole=True)
+    plan, choice = await lunavox.plan(service, body, body.input, request_id, client, whole=True)
     job = service.speak(plan)
     audio = await whole_clip(job, request)
     response = await clip_response(job, audio, body.response_format)
@@ -38,11 +38,11 @@ async def synth(body: SynthRequest, request: Request, service: ServiceDep,
     return response
 
 
-def legacy_plan(whole: bool) -> Callable[..., SpeechPlan]:
+def legacy_plan(whole: bool) -> Callable[..., Awaitable[SpeechPlan]]:
     """The dependency that plans what the legacy query asks for (`whole`: answered as one
     file); an unknown voice or speaker is refused."""
 
-    def build(
+    async def build(
         service: ServiceDep,
         settings: SettingsDep,
         request_id: RequestIdDep,
@@ -59,9 +59,9 @@ def legacy_plan(whole: bool) -> Callable[..., SpeechPlan]:
                 "'voice' and 'speaker_name' name different voices; give one",
                 param="speaker_name",
             )
-        return service.plan(model=model or settings.default_model, text=text,
-                            voice=voice or speaker_name, speed=speed, request_id=request_id,
-                            whole=whole, client=client)
+        return await service.plan(model=model or settings.default_model, text=text,
+                                  voice=voice or speaker_name, speed=speed,
+                                  request_id=request_id, whole=whole, client=client)
 
     return build
 

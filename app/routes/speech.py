@@ -20,8 +20,8 @@ async def create_speech(body: SpeechRequest, request: Request, service: ServiceD
         raise InvalidParameter("'timestamps' needs \"stream_format\": \"sse\" (raw audio has no "
                                "place for them; or use /v1/audio/captioned_speech)",
                                param="timestamps")
-    plan = service.plan(**body.plan_fields(), text=body.input, request_id=request_id,
-                        timestamps=body.timestamps == "word", client=client)
+    plan = await service.plan(**body.plan_fields(), text=body.input, request_id=request_id,
+                              timestamps=body.timestamps == "word", client=client)
     response = speech_response(service.speak(plan), body.response_format, body.stream_format)
     outputs = request.app.state.outputs
     if outputs is not None and body.stream_format == "audio":

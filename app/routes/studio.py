@@ -8,6 +8,7 @@ block says how to sign in instead of failing.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from typing import Annotated, Any, Literal
@@ -21,7 +22,7 @@ from app.http.clients import client_id
 from app.http.deps import ClientDep, RequestIdDep, ServiceDep
 from app.http.errors import kind_of
 from app.jobs import book
-from app.jobs.front import card, owner_of, start_job
+from app.jobs.front import job_cards, owner_of, start_job
 from app.jobs.runner import JobRunner
 from app.protocols.schemas import JobRequest
 from app.resources import STATIC, TEMPLATES
@@ -98,18 +99,19 @@ async def _context(request: Request, service: SpeechService, blocks: tuple[str, 
         if blend_editor is not None:
             rows = (parse_rows(query.getlist("voice"), query.getlist("weight"))
                     if "voice" in query else blend_editor.rows)
-            ctx["mix"] = mix(service, blend_editor.model, rows)
+            ctx["mix"] = await mix(service, blend_editor.model, rows)
     if allowed.synthesis and "jobs" in blocks:
         runner: JobRunner = request.app.state.jobs
         ctx["chapters_shown"] = CHAPTERS_SHOWN
         if runner.unavailable is None:
-            jobs = runner.store.jobs(owner_of(request))[-JOBS_SHOWN:][::-1]
-            ctx["jobs"] = [card(runner, job, chapters=True) for job in jobs]
+            jobs = await asyncio.to_thread(runner.store.jobs, owner_of(request))
+            ctx["jobs"] = await job_cards(runner, jobs[-JOBS_SHOWN:][::-1], chapters=True)
         else:
             ctx.setdefault("job_notice", runner.unavailable)
             ctx.setdefault("job_error", True)
     if allowed.synthesis and "lexicons" in blocks:
-        ctx["lexicons"] = service.lexicons.list(lexicon_owner(client_id(request)))
+        ctx["lexicons"] = await asyncio.to_thread(service.lexicons.list,
+                                                  lexicon_owner(client_id(request)))
         ctx["lexicon_name"] = lexicon.DEFAULT_NAME
     if allowed.admin and "stats" in blocks:
         ctx["stats"] = await service.report()
@@ -182,9 +184,10 @@ async def start_studio_job(
 async def cancel_studio_job(job_id: str, request: Request, service: ServiceDep,
                             pages: PagesDep) -> HTMLResponse:
     runner: JobRunner = request.app.state.jobs
-    job = runner.store.job(job_id) if runner.unavailable is None else None
+    job = (await asyncio.to_thread(runner.store.job, job_id)
+           if runner.unavailable is None else None)
     if job is not None and job.owner == owner_of(request) and access(request).synthesis:
-        runner.cancel(job)
+        await runner.cancel(job)
     ctx = await _context(request, service, ("jobs",))
     return _block(pages, "jobs", ctx)
 
@@ -332,11 +335,12 @@ async def edit_lexicon(
     owner = lexicon_owner(client)
     try:
         if action == "save":
-            lexicon.save(service.lexicons, owner, word=word, reading=reading,
-                         language=language, name=name)
+            await asyncio.to_thread(lexicon.save, service.lexicons, owner, word=word,
+                                    reading=reading, language=language, name=name)
             notice = f"Saved: {word.strip()} reads {reading.strip()}."
         else:
-            lexicon.remove(service.lexicons, owner, name=name, word=word)
+            await asyncio.to_thread(lexicon.remove, service.lexicons, owner, name=name,
+                                    word=word)
             notice = f"Removed {word} from {name}."
     except VoxMuxError as exc:
         status, notice = kind_of(exc).status, exc.message

@@ -60,8 +60,8 @@ async def preview(request: Request, service: ServiceDep, request_id: RequestIdDe
     page reads their message when the player cannot play)."""
     if not access(request).synthesis:
         raise InvalidApiKey("Sign in with an API key to hear voices")
-    sample = plan_sample(service, model=model, voice=voice.strip(), request_id=request_id,
-                         client=client)
+    sample = await plan_sample(service, model=model, voice=voice.strip(),
+                               request_id=request_id, client=client)
     # Revalidated every time (no-cache): the ETag is the render record, so a replaced voice
     # file is a new ETag, and an unchanged voice costs the browser a 304 and no synthesis.
     headers = {"ETag": sample.etag, "Cache-Control": "private, no-cache"}

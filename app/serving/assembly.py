@@ -55,6 +55,13 @@ class Assembly:
         self._tail = 0
         """Silent samples at the end of the last piece (a break counts them in)."""
 
+    def reshapes(self, index: int, sample_rate: int) -> bool:
+        """Whether joining segment `index` (rendered at `sample_rate`) resamples, stretches or
+        shifts its audio: work long enough (half a second for 30 s of audio) to be done off the
+        event loop."""
+        return (sample_rate != self._rate or self._plan.rates.get(index, 1.0) != 1.0
+                or self._plan.pitches.get(index, 1.0) != 1.0)
+
     def join(self, index: int, text: str, rendered: Rendered, sample_rate: int | None = None
              ) -> Joined:
         """`rendered` at `sample_rate` (another engine's, for a segment an SSML `voice` gives

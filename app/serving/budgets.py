@@ -5,6 +5,8 @@ budget and its setting; it is raised before any audio is made wherever the input
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from engines.base import InvalidParameter
 
 FASTEST_CHARS_PER_SECOND = 40.0
@@ -46,20 +48,26 @@ def check_audio(expected: float, limit: float, field: str, what: str) -> None:
                          env_name(field))
 
 
+@dataclass(frozen=True)
+class AudioLimit:
+    """The most audio one request may make, and the setting that says so."""
+
+    seconds: float
+    field: str = "max_audio_seconds"
+
+
 class AudioBudget:
     """Counts the audio of one request as it is made; `OverBudget` once it would pass the
     limit, before the audio that passes it is handed out."""
 
-    def __init__(self, limit_s: float, sample_rate: int, field: str, what: str) -> None:
-        self.limit = round(limit_s * sample_rate)
-        self.sample_rate = sample_rate
-        self.field = field
-        self.what = what
+    def __init__(self, limit: AudioLimit, sample_rate: int) -> None:
+        self.limit = limit
+        self.most = round(limit.seconds * sample_rate)
         self.samples = 0
 
     def add(self, samples: int) -> None:
-        if self.samples + samples > self.limit:
-            raise OverBudget(self.what, f"over {seconds(self.limit / self.sample_rate)} of "
-                             "audio", seconds(self.limit / self.sample_rate),
-                             env_name(self.field))
+        if self.samples + samples > self.most:
+            allowed = seconds(self.limit.seconds)
+            raise OverBudget("The audio made", f"more than {allowed}", allowed,
+                             env_name(self.limit.field))
         self.samples += samples

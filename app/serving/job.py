@@ -21,6 +21,7 @@ the cache lookup and store (`caching`), the joining of segments with pauses and 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.serving.assembly import Assembly, Joined
+from app.serving.budgets import AudioBudget
 from app.serving.cache import AudioCache
 from app.serving.caching import CacheStep
 from app.serving.events import JobEvent
@@ -127,6 +129,8 @@ class SpeechJob:
         self._reported: BaseException | None = None
         """A failure already told to the reader."""
         self._ended = False
+        self._budget = (AudioBudget(plan.audio_limit, plan.sample_rate)
+                        if plan.audio_limit is not None else None)
 
     @property
     def ticket(self) -> str:
@@ -259,6 +263,8 @@ class SpeechJob:
             self._status(progress)
 
     def _emit(self, assembly: Assembly, joined: Joined) -> None:
+        if self._budget is not None:
+            self._budget.add(joined.samples)
         for event in assembly.events(joined):
             if isinstance(event, np.ndarray) and self.meter.audio(len(event)):
                 self._status("streaming")
@@ -292,7 +298,10 @@ class SpeechJob:
                 while index != end and (
                         text := await self._next_segment(index, session)) is not None:
                     rendered = await self._render(session, text)
-                    joined = assembly.join(index, text, rendered, speaker.engine.sample_rate)
+                    rate = speaker.engine.sample_rate
+                    join = functools.partial(assembly.join, index, text, rendered, rate)
+                    joined = (await asyncio.to_thread(join) if assembly.reshapes(index, rate)
+                              else join())
                     if cache is not None:
                         cache.keep(joined)
                     self._emit(assembly, joined)

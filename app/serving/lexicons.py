@@ -1,27 +1,57 @@
 """Where lexicons live: the deployment file, and each key's lexicons as JSON under the data dir.
 
 A key's lexicons apply to every request made with that key (requests without a key share the
-`open` owner). Files are written atomically; the deployment file is read again when it changes.
+`open` owner). Files are written atomically. What a request applies is compiled once per owner,
+language, model and voice (`lexicon()`), in a thread of this store's own, and reused until one of
+the owner's files or the deployment file changes: a request pays a directory listing, never a
+file read or a regex compile. How many lexicons and entries an owner keeps is bounded (the
+`lexicons_max_*` settings), so one owner's compile is bounded too.
+
+The file methods (`list`, `get`, `put`, `delete`) block: call them off the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import re
 import tempfile
 import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
+from app.serving.budgets import OverBudget
 from app.text.lexicon import Entry, Lexicon, check_entry, load_toml
 from engines.base import InvalidParameter, VoxMuxError
 
+log = logging.getLogger(__name__)
+
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-MAX_ENTRIES = 5000
+COMPILED_KEPT = 256
+"""Compiled lexicons kept (owner, language, model and voice each make one); the least recently
+used goes first."""
+
+Version = tuple[object, ...]
+"""What a compiled lexicon was made from: the files' names, sizes and times, and this store's
+own count of writes (a file rewritten within the file system's clock tick keeps its time)."""
 
 
 class LexiconNotFound(VoxMuxError):
     """No lexicon by that name for this key."""
+
+
+@dataclass(frozen=True)
+class LexiconLimits:
+    lexicons: int = 32
+    """Lexicons one owner keeps."""
+    entries: int = 5000
+    """Entries in one lexicon."""
+    owner_entries: int = 20_000
+    """Entries in all of one owner's lexicons."""
 
 
 def owner_of(client: str) -> str:
@@ -30,30 +60,82 @@ def owner_of(client: str) -> str:
 
 
 class LexiconStore:
-    def __init__(self, folder: Path, deployment: Path | None) -> None:
+    def __init__(self, folder: Path, deployment: Path | None,
+                 limits: LexiconLimits | None = None) -> None:
         self.folder = folder
         self.deployment_path = deployment
+        self.limits = limits or LexiconLimits()
         self._lock = threading.Lock()
-        self._deployment: tuple[float, list[Entry]] = (-1.0, [])
+        """Guards writes (a bound checked and the file written as one step) and the caches."""
+        self._writes = 0
+        self._deployment: tuple[Version, list[Entry]] = ((), [])
+        self._compiled: OrderedDict[tuple[object, ...], Future[Lexicon]] = OrderedDict()
+        self._compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lexicons")
 
-    def _deployment_entries(self) -> list[Entry]:
+    def close(self) -> None:
+        self._compiler.shutdown(wait=False, cancel_futures=True)
+
+    # -- what a request applies ----------------------------------------------------------------
+
+    async def lexicon(self, client: str, language: str, model: str, voice: str) -> Lexicon:
+        """The entries that apply to a request of `client` in `language` to `model`'s `voice`,
+        compiled; made once and reused until a file it was made from changes."""
+        owner = owner_of(client)
+        version = await asyncio.to_thread(self._version, owner)
+        key = (owner, version, language.split("-")[0].lower(), model, voice)
+        with self._lock:
+            future = self._compiled.get(key)
+            if future is None:
+                future = self._compiler.submit(self._compile, owner, language, model, voice)
+                self._compiled[key] = future
+                while len(self._compiled) > COMPILED_KEPT:
+                    self._compiled.popitem(last=False)
+            else:
+                self._compiled.move_to_end(key)
+        try:
+            return await asyncio.wrap_future(future)
+        except BaseException:
+            with self._lock:  # a failed compile is tried again by the next request
+                if self._compiled.get(key) is future and future.done():
+                    del self._compiled[key]
+            raise
+
+    def _version(self, owner: str) -> Version:
+        files: list[tuple[str, int, int]] = []
+        folder = self._dir(owner)
+        if folder.is_dir():
+            with os.scandir(folder) as listing:
+                for item in listing:
+                    if item.name.endswith(".json"):
+                        stat = item.stat()
+                        files.append((item.name, stat.st_size, stat.st_mtime_ns))
+        return (self._writes, self._deployment_version(), tuple(sorted(files)))
+
+    def _deployment_version(self) -> Version:
         path = self.deployment_path
         if path is None or not path.is_file():
-            return []
-        mtime = path.stat().st_mtime
-        if mtime != self._deployment[0]:
-            self._deployment = (mtime, load_toml(path))
+            return ()
+        stat = path.stat()
+        return (stat.st_size, stat.st_mtime_ns)
+
+    def _deployment_entries(self) -> list[Entry]:
+        version = self._deployment_version()
+        if version != self._deployment[0]:
+            entries = load_toml(self.deployment_path) if version else []  # type: ignore[arg-type]
+            self._deployment = (version, entries)
         return self._deployment[1]
 
-    def for_request(self, client: str, language: str, model: str, voice: str) -> Lexicon:
+    def _compile(self, owner: str, language: str, model: str, voice: str) -> Lexicon:
         entries = [e for e in self._deployment_entries() if e.applies(language, model, voice)]
-        for item in self.list(owner_of(client)):
+        for item in self.list(owner):
             scope = str(item.get("scope") or "")
             for word, reading in dict(item["entries"]).items():  # type: ignore[call-overload]
                 entry = Entry(word, reading, str(item["language"]), scope)
                 if entry.applies(language, model, voice):
                     entries.append(entry)
         return Lexicon(entries)
+
+    # -- an owner's files ------------------------------------------------------------------------
 
     def _dir(self, owner: str) -> Path:
         return self.folder / owner
@@ -65,10 +147,17 @@ class LexiconStore:
         return self._dir(owner) / f"{name}.json"
 
     def list(self, owner: str) -> list[dict[str, object]]:
+        """The owner's lexicons, by name; a file that cannot be read is left out (and logged)."""
         folder = self._dir(owner)
         if not folder.is_dir():
             return []
-        return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.json"))]
+        found = []
+        for path in sorted(folder.glob("*.json")):
+            try:
+                found.append(json.loads(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError) as exc:
+                log.warning("lexicons: %s cannot be read (%s); left out", path, exc)
+        return found
 
     def get(self, owner: str, name: str) -> dict[str, object]:
         path = self._path(owner, name)
@@ -79,21 +168,39 @@ class LexiconStore:
 
     def put(self, owner: str, name: str, language: str, entries: dict[str, str],
             scope: str = "") -> dict[str, object]:
-        if len(entries) > MAX_ENTRIES:
-            raise InvalidParameter(f"a lexicon holds at most {MAX_ENTRIES} entries",
-                                   param="entries")
+        """Create or replace lexicon `name`; `OverBudget` past the owner's bounds."""
+        limits = self.limits
+        if len(entries) > limits.entries:
+            raise OverBudget("The lexicon", f"{len(entries):,} entries",
+                             f"{limits.entries:,} entries a lexicon",
+                             "VOXMUX_LEXICON_MAX_ENTRIES", param="entries")
         for word, reading in entries.items():
             check_entry(word, reading)
         item: dict[str, object] = {"name": name, "language": language or "en",
                                    "scope": scope, "entries": dict(entries)}
         path = self._path(owner, name)
         with self._lock:
+            self._check_owner(owner, name, len(entries))
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, temp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
             with os.fdopen(fd, "w", encoding="utf-8") as out:
                 json.dump(item, out, ensure_ascii=False)
             os.replace(temp, path)
+            self._writes += 1
         return item
+
+    def _check_owner(self, owner: str, name: str, entries: int) -> None:
+        others = [item for item in self.list(owner) if item.get("name") != name]
+        limits = self.limits
+        if len(others) + 1 > limits.lexicons:
+            raise OverBudget("This key's lexicons", f"{len(others) + 1} with this one",
+                             f"{limits.lexicons} lexicons", "VOXMUX_LEXICONS_MAX_PER_OWNER",
+                             param="name", hint="delete one first")
+        total = entries + sum(_count(item) for item in others)
+        if total > limits.owner_entries:
+            raise OverBudget("This key's lexicon entries", f"{total:,} with this lexicon",
+                             f"{limits.owner_entries:,} entries",
+                             "VOXMUX_LEXICONS_MAX_ENTRIES_PER_OWNER", param="entries")
 
     def delete(self, owner: str, name: str) -> None:
         path = self._path(owner, name)
@@ -101,3 +208,9 @@ class LexiconStore:
             if not path.is_file():
                 raise LexiconNotFound(f"No lexicon named '{name}'", param="name")
             path.unlink()
+            self._writes += 1
+
+
+def _count(item: dict[str, object]) -> int:
+    entries = item.get("entries")
+    return len(entries) if isinstance(entries, dict) else 0

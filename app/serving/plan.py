@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from app.serving.budgets import AudioLimit
 from app.serving.scheduler import Lane
 from app.text.feed import TextFeed
 from app.text.prepared import Prepared
@@ -68,6 +69,12 @@ class SpeechPlan:
     """Segment index -> pitch factor that segment is read at (SSML `prosody pitch`)."""
     report: bool = False
     """Whether the client asked for the normalization report."""
+    least_seconds: float = 0.0
+    """Audio the input makes at least (its SSML breaks, its letters read faster than any voice
+    reads them): what budgets are checked against before any audio is made."""
+    audio_limit: AudioLimit | None = None
+    """The most audio the request may make (`app.serving.budgets`); None: no bound of its own
+    (a long-form job's part: the job counts its whole)."""
     speakers: dict[int, Speaker] = field(default_factory=dict)
     """Segment index -> another model, voice or language than the plan's own (SSML `voice`,
     `lang`); its audio is brought to the plan's sample rate when joined."""

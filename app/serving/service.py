@@ -13,11 +13,20 @@ its `fleet` (the engine replicas' reports); `model_views()` reads either.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import uuid
 from collections import defaultdict
 from dataclasses import asdict
 
+from app.serving.budgets import (
+    AudioLimit,
+    OverBudget,
+    check_audio,
+    env_name,
+    seconds,
+    speech_floor,
+)
 from app.serving.cache import AudioCache, open_cache
 from app.serving.fleet import (
     DeploymentStatus,
@@ -28,7 +37,7 @@ from app.serving.fleet import (
     local_views,
 )
 from app.serving.job import JobContext, SpeechJob
-from app.serving.lexicons import LexiconStore
+from app.serving.lexicons import LexiconLimits, LexiconStore
 from app.serving.memory import process_memory
 from app.serving.metrics import Metrics, registry_voice_ids
 from app.serving.plan import Speaker, SpeechPlan
@@ -38,7 +47,7 @@ from app.serving.scheduler import Lane
 from app.serving.tracking import RequestRecord, ServingStats
 from app.settings import Settings
 from app.text.feed import TextFeed
-from app.text.prepared import cut, prepare
+from app.text.prepared import Prepared, cut, prepare
 from app.text.split import first_sentence, segment_offsets, split_text
 from app.text.ssml import detect
 from engines.base import (
@@ -76,7 +85,9 @@ class SpeechService:
             settings.cache_max_item_bytes,
         )
         self.renderer = renderer or LocalRenderer(registry, settings.request_timeout)
-        self.lexicons = LexiconStore(settings.lexicons_dir, settings.lexicon_path)
+        self.lexicons = LexiconStore(settings.lexicons_dir, settings.lexicon_path, LexiconLimits(
+            settings.lexicons_max_per_owner, settings.lexicon_max_entries,
+            settings.lexicons_max_entries_per_owner))
         self.fleet = fleet
         self.stats = stats or ServingStats(settings.request_log_size, settings.stats_window)
         self.metrics = Metrics(registry_voice_ids(registry))  # bounded `voice` labels
@@ -99,6 +110,7 @@ class SpeechService:
         """At shutdown: no new engine calls; one still running finishes in its thread."""
         for handle in self.registry.handles():
             handle.lane.close()
+        self.lexicons.close()
 
     # -- models ------------------------------------------------------------------------------
 
@@ -169,7 +181,7 @@ class SpeechService:
 
     # -- planning ----------------------------------------------------------------------------
 
-    def plan(self, *, model: str, text: str, voice: str | None = None, speed: float = 1.0,
+    async def plan(self, *, model: str, text: str, voice: str | None = None, speed: float = 1.0,
              language: str | None = None, instructions: str | None = None,
              request_id: str | None = None, internal: bool = False,
              timestamps: bool = False, whole: bool = False, client: str = "",
@@ -204,13 +216,14 @@ class SpeechService:
             return self.cut(plan, piece, whole=whole)
 
         self._validate_voice(plan, "Hello.")
-        lexicon = None if internal else self.lexicons.for_request(
+        lexicon = None if internal else await self.lexicons.lexicon(
             client, language or self._voice_language(plan), plan.model_id, plan.voice)
         if ssml or lexicon:
             prepared = prepare(text, input_format="ssml" if ssml else "text", lexicon=lexicon)
             if not any(ch.isalnum() for ch in prepared.text):
                 raise InvalidParameter("the SSML has no text to speak (letters or digits)",
                                        param="input")
+            self._check_silence(prepared)
             pieces = cut(prepared, split)
             plan.text, plan.prepared = prepared.text, prepared
             plan.segments, plan.offsets = pieces.segments, pieces.offsets
@@ -225,7 +238,37 @@ class SpeechService:
             plan.segments = split(text)
             plan.offsets = segment_offsets(text, plan.segments)
         self._validate_voice(plan, plan.segments[0])
+        if not internal:
+            self._check_costs(plan, plan.text if isinstance(plan.text, str) else text)
         return plan
+
+    def _check_silence(self, prepared: Prepared) -> None:
+        """The silence the SSML breaks ask for in all, against its budget."""
+        asked = sum(prepared.compiled.breaks.values())
+        limit = self.settings.max_ssml_silence_seconds
+        if asked > limit:
+            raise OverBudget("The silence its SSML breaks ask for", seconds(asked),
+                             seconds(limit), env_name("max_ssml_silence_seconds"))
+
+    def _check_costs(self, plan: SpeechPlan, spoken: str) -> None:
+        """Costs the input shows before any audio is made: the audio it makes at least (its
+        breaks, and its letters read faster than any voice reads them) against the request's
+        audio budget, and the normalization report against the size of a response header."""
+        settings = self.settings
+        breaks = sum(plan.prepared.compiled.breaks.values()) if plan.prepared else 0.0
+        plan.least_seconds = breaks + speech_floor(spoken, plan.speed)
+        check_audio(plan.least_seconds, settings.max_audio_seconds, "max_audio_seconds",
+                    "The input")
+        plan.audio_limit = AudioLimit(settings.max_audio_seconds)
+        if plan.report and plan.prepared is not None:
+            size = len(json.dumps(plan.prepared.report, separators=(",", ":")))
+            limit = settings.max_response_header_bytes
+            if size > limit:
+                raise OverBudget("Its normalization report", f"{size:,} bytes",
+                                 f"{limit:,} bytes a response header",
+                                 env_name("max_response_header_bytes"),
+                                 param="normalization_report",
+                                 hint="ask without the report, or for a shorter input")
 
     def _speakers(self, plan: SpeechPlan, voices: dict[int, str], languages: dict[int, str]
                   ) -> dict[int, Speaker]:
@@ -367,6 +410,7 @@ class SpeechService:
             max_pending=self.settings.ws_max_pending_chars,
         )
         self._validate_voice(plan, "Hello.")
+        plan.audio_limit = AudioLimit(self.settings.max_audio_seconds)
         return plan
 
     def _plan(self, model: str, text: str, voice: str | None, speed: float,
@@ -476,7 +520,7 @@ class SpeechService:
 
     async def warm_up(self, model_id: str) -> None:
         """One short synthesis so the first real request pays no first-run cost."""
-        plan = self.plan(model=model_id, text=WARM_UP_TEXT, internal=True)
+        plan = await self.plan(model=model_id, text=WARM_UP_TEXT, internal=True)
         async with self.speak(plan) as job:
             await job.whole()
 

@@ -41,15 +41,15 @@ class Sample:
         return str(self.plan.text)
 
 
-def plan_sample(service: SpeechService, *, model: str, voice: str, request_id: str = "",
-                client: str = "") -> Sample:
+async def plan_sample(service: SpeechService, *, model: str, voice: str,
+                      request_id: str = "", client: str = "") -> Sample:
     """The sample request for `voice` of `model` (its sentence in the voice's language), and
     the ETag its audio will have. Plans only: nothing is synthesized."""
     handle = service.registry.resolve(model)
     resolved = service.resolve_voice(handle, voice or None)
     text = sample_text(spoken_language(handle.engine.voices(), resolved))
-    plan = service.plan(model=handle.id, text=text, voice=voice or None, whole=True,
-                        request_id=request_id or None, client=client)
+    plan = await service.plan(model=handle.id, text=text, voice=voice or None, whole=True,
+                              request_id=request_id or None, client=client)
     key = f"{service.render_record(plan).key()}.{SAMPLE_FORMAT}"
     return Sample(plan, f'"{hashlib.sha256(key.encode()).hexdigest()[:32]}"')
 

@@ -91,13 +91,13 @@ def parse_rows(voices: list[str], weights: list[str]) -> list[BlendRow]:
     return rows
 
 
-def mix(service: SpeechService, model: str, rows: list[BlendRow]) -> Mix:
+async def mix(service: SpeechService, model: str, rows: list[BlendRow]) -> Mix:
     """The blend of `rows`, checked by the model as any request's voice is."""
     spec, shares = blend_spec(rows)
     if not spec:
         return Mix("", [], "Give at least one voice a weight above zero.")
     try:
-        plan = service.plan(model=model, text=PROBE, voice=spec)
+        plan = await service.plan(model=model, text=PROBE, voice=spec)
     except VoxMuxError as exc:
         return Mix(spec, shares, exc.message)
     if plan.voice != spec:  # VOXMUX_UNKNOWN_VOICE=default would speak another voice

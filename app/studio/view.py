@@ -337,8 +337,9 @@ async def synthesize(service: SpeechService, *, model: str, text: str, voice: st
 async def _clip(service: SpeechService, *, model: str, text: str, voice: str | None,
                 speed: float, fmt: str, request_id: str, client: str, request: Request | None,
                 timed: bool, notes: list[str] | None = None) -> Clip:
-    plan = service.plan(model=model, text=text, voice=voice or None, speed=speed,
-                        request_id=request_id, timestamps=timed, whole=True, client=client)
+    plan = await service.plan(model=model, text=text, voice=voice or None, speed=speed,
+                              request_id=request_id, timestamps=timed, whole=True,
+                              client=client)
     job = service.speak(plan)
     samples, words = await whole_timed(job, request)
     data = await asyncio.to_thread(encode_whole, samples, job.sample_rate, fmt)

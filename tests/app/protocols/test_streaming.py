@@ -100,8 +100,8 @@ async def test_segment_joins_are_click_free_and_unclipped(tmp_path: Path) -> Non
     service = app.state.service
     try:
         for model in ("piper", "kokoro"):
-            async with service.speak(service.plan(model=model, text=" ".join(SENTENCES[:4]))
-                                     ) as job:
+            plan = await service.plan(model=model, text=" ".join(SENTENCES[:4]))
+            async with service.speak(plan) as job:
                 chunks = [chunk async for chunk in job.audio()]
             assert len(chunks) >= 4
             inside = max(float(np.max(np.abs(np.diff(c)))) for c in chunks)

@@ -350,7 +350,7 @@ async def _ended(service: Any, job: Any) -> None:
 async def test_a_job_cancelled_before_its_task_ran_ends_once(espeak_service: Any) -> None:
     """Cancelled between `start()` and the first step of its task: it still ends, once, and
     closing it raises nothing into the caller."""
-    plan = espeak_service.plan(model="espeak", text="A job nobody will hear.")
+    plan = await espeak_service.plan(model="espeak", text="A job nobody will hear.")
     job = espeak_service.speak(plan)
     job.start()
     job.cancel()  # before the event loop ran the job's task at all
@@ -360,8 +360,8 @@ async def test_a_job_cancelled_before_its_task_ran_ends_once(espeak_service: Any
 
 
 async def test_a_cancel_by_id_racing_the_start_ends_the_job(espeak_service: Any) -> None:
-    plan = espeak_service.plan(model="espeak", text="Cancelled as it starts.",
-                               request_id="racing-start-1")
+    plan = await espeak_service.plan(model="espeak", text="Cancelled as it starts.",
+                                     request_id="racing-start-1")
     job = espeak_service.speak(plan)
     async with asyncio.timeout(5):
         async with job:

@@ -11,6 +11,7 @@ below the whole request's length, so the test means the same on a fast, a slow o
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
@@ -144,7 +145,8 @@ def segment_seconds(settings: Settings, model: str, text: str) -> float:
     this machine now, in-process (its engine warmed up on a short sentence first)."""
     service = create_app(settings).state.service
     try:
-        longest = max(service.plan(model=model, text=text, whole=True).segments, key=len)
+        plan = asyncio.run(service.plan(model=model, text=text, whole=True))
+        longest = max(plan.segments, key=len)
         handle = service.registry[model]
         voice = handle.entry.default_voice
         handle.engine.load()

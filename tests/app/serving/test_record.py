@@ -5,6 +5,7 @@ disk, the server restarted on the same Redis, and the same request was a hit wit
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -129,7 +130,7 @@ async def test_audio_made_before_a_voice_change_is_not_stored_after_it(tmp_path:
     service = app.state.service
     engine = service.registry["piper"].engine
     try:
-        plan = service.plan(model="piper", text="Made before the change.", voice=VOICE)
+        plan = await service.plan(model="piper", text="Made before the change.", voice=VOICE)
         rendered = dataclasses.replace(service.render_record(plan))
         step = CacheStep(service.cache, rendered, timed=False)
         assert await step.store(engine, plan.sample_rate)  # unchanged: stored
@@ -172,7 +173,8 @@ def test_another_sentence_pause_is_another_key(tmp_path: Path) -> None:
         app = create_app(test_settings(tmp_path, preload=[], sentence_pause_ms=pause))
         service = app.state.service
         try:
-            return service.render_record(service.plan(model="espeak", text="One. Two.")).key()
+            plan = asyncio.run(service.plan(model="espeak", text="One. Two."))
+            return service.render_record(plan).key()
         finally:
             service.close()
 

@@ -272,7 +272,7 @@ async def test_an_unread_stream_waits_holding_nothing(tmp_path: Path) -> None:
     app = create_app(test_settings(tmp_path, preload=[], stream_buffer_seconds=4))
     service = app.state.service
     text = " ".join(f"Sentence {word} is spoken while nobody reads it." for word in WORDS)
-    plan = service.plan(model="espeak", text=text)
+    plan = await service.plan(model="espeak", text=text)
     lane = service.registry["espeak"].lane
     try:
         async with service.speak(plan) as job:
