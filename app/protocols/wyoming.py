@@ -20,6 +20,14 @@ connection without a first event in `VOXMUX_WS_FIRST_MESSAGE_TIMEOUT` seconds, o
 `VOXMUX_WS_TEXT_IDLE_TIMEOUT` after it, is closed (a stream's text ends there and is spoken
 first); a malformed but readable event is an `error`, and the connection goes on.
 
+Budgets, as a server facing the network keeps them: at most `VOXMUX_WYOMING_MAX_CONNECTIONS`
+connections in all and `VOXMUX_WYOMING_MAX_CONNECTIONS_PER_CLIENT` from one address (`Places`);
+one more is answered with one `error` (`too_many_connections`, naming the setting) and closed at
+once. Every event sent waits at most `VOXMUX_WYOMING_SEND_TIMEOUT` seconds for a client that
+reads nothing: past it the connection is reset as if the client had left, and its request is
+cancelled. The handler only reads, routes and frames: it hands the loop back after every event,
+so a client pouring events in cannot hold it.
+
 Home Assistant finds Wyoming servers over zeroconf; VoxMux announces itself only when
 `VOXMUX_WYOMING_ZEROCONF` names it (the `zeroconf` extra), since an announcement invites every
 device on the network.
@@ -34,13 +42,16 @@ import ipaddress
 import json
 import logging
 import socket
+import struct
+import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.error import Error
-from wyoming.event import Event
+from wyoming.event import Event, async_write_event
 from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice
 from wyoming.server import AsyncEventHandler, AsyncTcpServer
 from wyoming.tts import (
@@ -53,7 +64,8 @@ from wyoming.tts import (
 )
 
 from app.audio.encoders import to_pcm16
-from app.http.errors import kind_of
+from app.http.errors import TooManyConnections, kind_of
+from app.serving.budgets import env_name
 from app.serving.job import SpeechJob
 from app.serving.service import SpeechService
 from app.settings import Settings
@@ -79,6 +91,50 @@ less); asyncio's line limit is the same."""
 
 class BadEvent(InvalidParameter):
     """Not a Wyoming event VoxMux reads: the connection cannot be resynchronized after it."""
+
+
+class ClientStalled(ConnectionError):
+    """The client took nothing for the send timeout: it is treated as gone."""
+
+
+class Places:
+    """Connection places: `limit` in all, `per_client` of one client address. A connection
+    takes one before it reads anything and frees it when it has closed, whatever closed it."""
+
+    def __init__(self, limit: int, per_client: int) -> None:
+        self.limit = limit
+        self.per_client = per_client
+        self.open = 0
+        self._clients: Counter[str] = Counter()
+        self._refusal_logged = 0.0
+
+    def take(self, client: str) -> TooManyConnections | None:
+        """A place for `client`, or the refusal to send it."""
+        held = self._clients[client]
+        if self.open >= self.limit:
+            refusal = TooManyConnections(
+                f"The Wyoming server has {self.open} connections open, its limit "
+                f"({env_name('wyoming_max_connections')}); retry shortly",
+                param="connections")
+        elif held >= self.per_client:
+            refusal = TooManyConnections(
+                f"This address has {held} Wyoming connections open, the most one client may "
+                f"({env_name('wyoming_max_connections_per_client')}); close one or retry "
+                "shortly", param="connections")
+        else:
+            self.open += 1
+            self._clients[client] += 1
+            return None
+        if time.monotonic() - self._refusal_logged > 60:  # a flood of refusals: a line a minute
+            self._refusal_logged = time.monotonic()
+            log.warning("wyoming: refused a connection from %s: %s", client, refusal.message)
+        return refusal
+
+    def free(self, client: str) -> None:
+        self.open -= 1
+        self._clients[client] -= 1
+        if self._clients[client] <= 0:
+            del self._clients[client]
 
 
 async def read_event(reader: asyncio.StreamReader) -> Event | None:
@@ -155,14 +211,18 @@ def resolve(service: SpeechService, voice: SynthesizeVoice | None) -> tuple[str,
 class WyomingHandler(AsyncEventHandler):
     """One client connection."""
 
-    def __init__(self, service: SpeechService, reader: asyncio.StreamReader,
+    def __init__(self, service: SpeechService, places: Places, reader: asyncio.StreamReader,
                  writer: asyncio.StreamWriter) -> None:
         super().__init__(reader, writer)
         self.service = service
-        self.first_timeout = service.settings.ws_first_message_timeout
-        self.idle_timeout = service.settings.ws_text_idle_timeout
+        self.places = places
+        settings = service.settings
+        self.first_timeout = settings.ws_first_message_timeout
+        self.idle_timeout = settings.ws_text_idle_timeout
+        self.send_timeout = settings.wyoming_send_timeout
         peer = writer.get_extra_info("peername")
-        self.client = f"wyoming:{peer[0] if peer else 'unknown'}"
+        self.address = str(peer[0]) if peer else "unknown"
+        self.client = f"wyoming:{self.address}"
         self._streaming = False
         """Between `synthesize-start` and `synthesize-stop` (a failed start too: the
         `synthesize` a streaming client sends for older servers is then not a new request)."""
@@ -172,10 +232,24 @@ class WyomingHandler(AsyncEventHandler):
         """Why the stream's text was refused (too much waiting): its error, told once."""
 
     async def run(self) -> None:
-        """Events until the client leaves, goes quiet, or sends what is not an event."""
+        """The connection, in a place of its own (or refused at once), until it has closed."""
+        refusal = self.places.take(self.address)
+        if refusal is not None:
+            with contextlib.suppress(ConnectionError):
+                await self._error(refusal)
+            await self._close()
+            return
+        try:
+            await self._serve()
+        finally:
+            self.places.free(self.address)
+
+    async def _serve(self) -> None:
+        """Events until the client leaves, goes quiet, stops reading, or sends what is not an
+        event."""
         timeout = self.first_timeout  # a connection that says nothing is closed as on HTTP
         try:
-            while True:
+            while not self.writer.is_closing():  # closing: a stalled client was cut off
                 try:
                     async with asyncio.timeout(timeout):
                         event = await read_event(self.reader)
@@ -185,14 +259,49 @@ class WyomingHandler(AsyncEventHandler):
                 if event is None or not await self._handle(event):
                     break
                 timeout = self.idle_timeout
+                await asyncio.sleep(0)  # events already buffered would not hand the loop back
         except BadEvent as exc:
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await self._error(exc)
         except (ConnectionError, asyncio.IncompleteReadError):
-            pass  # the client went away mid-event
+            pass  # the client went away mid-event, or read nothing for the send timeout
         finally:
             await self.disconnect()
-            self.writer.close()
+            await self._close()
+
+    async def write_event(self, event: Event) -> None:
+        """Send `event`, waiting at most the send timeout for the client to take it (`drain`
+        waits for as long as a client reads nothing): past it the connection is reset and
+        `ClientStalled` ends what was being sent, as if the client had left."""
+        try:
+            async with asyncio.timeout(self.send_timeout):
+                await async_write_event(event, self.writer)
+        except TimeoutError:
+            log.info("wyoming %s read nothing for %g s (%s); the connection is reset",
+                     self.client, self.send_timeout, env_name("wyoming_send_timeout"))
+            self._reset()
+            raise ClientStalled(f"the client read nothing for {self.send_timeout:g} s") from None
+
+    async def _close(self) -> None:
+        """Close, and wait until closed: what is still buffered for a client that reads
+        nothing would keep the socket open for ever, so after the send timeout it is reset."""
+        self.writer.close()
+        try:
+            async with asyncio.timeout(self.send_timeout):
+                await self.writer.wait_closed()
+        except TimeoutError:
+            self._reset()
+        except OSError:
+            pass  # closed by a reset
+
+    def _reset(self) -> None:
+        """Close at once with a reset: a plain close leaves the kernel trying to deliver what
+        is buffered (the socket lingers, orphaned, for minutes); zero linger discards it."""
+        sock = self.writer.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.writer.transport.abort()
 
     async def _handle(self, event: Event) -> bool:
         """`handle_event`, with a readable event that is not a valid one answered by `error`."""
@@ -338,7 +447,8 @@ async def start_server(service: SpeechService, settings: Settings) -> Listening:
     """Listen for Wyoming clients (stopped with `await listening.stop()`), announced over
     zeroconf as `VOXMUX_WYOMING_ZEROCONF` names it (off by default)."""
     server = AsyncTcpServer(bind_host(settings), settings.wyoming_port)
-    await server.start(functools.partial(WyomingHandler, service))
+    places = Places(settings.wyoming_max_connections, settings.wyoming_max_connections_per_client)
+    await server.start(functools.partial(WyomingHandler, service, places))
     log.info("Wyoming on %s:%d", server.host, server.port)
     try:
         announced = await _announce(settings) if settings.wyoming_zeroconf else None
