@@ -89,6 +89,10 @@ MAX_EVENT_BYTES = 64 * 1024
 less); asyncio's line limit is the same."""
 
 
+LINGER_S = 1.0
+"""How long a closing connection waits for its client to close too (see `_close`)."""
+
+
 class BadEvent(InvalidParameter):
     """Not a Wyoming event VoxMux reads: the connection cannot be resynchronized after it."""
 
@@ -284,7 +288,19 @@ class WyomingHandler(AsyncEventHandler):
 
     async def _close(self) -> None:
         """Close, and wait until closed: what is still buffered for a client that reads
-        nothing would keep the socket open for ever, so after the send timeout it is reset."""
+        nothing would keep the socket open for ever, so after the send timeout it is reset.
+
+        Closing a socket with unread bytes in it sends a reset, which can destroy the last
+        events on their way (the `error` of a refused connection, whose `describe` was never
+        read): so the server first ends its side, then reads and drops what the client still
+        sends until it closes too, for `LINGER_S` at most."""
+        if not self.writer.is_closing():
+            with contextlib.suppress(OSError, RuntimeError):
+                self.writer.write_eof()
+            with contextlib.suppress(TimeoutError, OSError, ValueError):
+                async with asyncio.timeout(LINGER_S):
+                    while await self.reader.read(MAX_EVENT_BYTES):
+                        pass
         self.writer.close()
         try:
             async with asyncio.timeout(self.send_timeout):
