@@ -85,8 +85,18 @@ def voxmux_process(env: dict[str, str] | None = None) -> Iterator[Server]:
             time.sleep(0.2)
         yield Server(url, proc.pid)
     finally:
-        proc.terminate()
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate a server subprocess; kill it if it has not ended 30 s later (a server stalled
+    or swapping may never get to its shutdown)."""
+    proc.terminate()
+    try:
         proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @contextmanager
@@ -120,8 +130,7 @@ def process_server(command: list[str], probe: str, log: Path, *, cwd: Path,
                 time.sleep(0.2)
             yield Server(url, proc.pid)
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            stop(proc)
 
 
 @contextmanager
