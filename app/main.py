@@ -29,6 +29,7 @@ from app.routes import (
     studio,
     ws,
 )
+from app.serving import collector
 from app.serving.catalogue import Catalogue
 from app.serving.fleet import Fleet
 from app.serving.render import Renderer
@@ -85,6 +86,8 @@ async def _preload(app: FastAPI, service: SpeechService) -> None:
             except Exception as exc:  # the model is marked error; the others keep serving
                 log.error("preload of %s failed: %s", model_id, exc)
     finally:
+        if service.settings.gc_freeze:  # what is loaded now, out of the collector's sight
+            collector.settle(collect=True)
         app.state.ready.set()
 
 
@@ -109,6 +112,8 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
         if fleet is None:
             task = asyncio.create_task(_preload(app, service))
         else:  # the engine replicas preload; /health waits for their reports
+            if settings.gc_freeze:
+                collector.settle(collect=True)
             app.state.ready.set()
             task = asyncio.create_task(fleet.watch_cancels(service.cancel))
         await runner.start()

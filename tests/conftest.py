@@ -110,6 +110,7 @@ def test_settings(tmp: Path, **overrides: Any) -> Settings:
         "lexicons_dir": tmp / "lexicons",  # never the working tree's var/
         "preload": ["kokoro"],
         "queue_size": 64,
+        "gc_freeze": False,  # many apps in one process: none freezes the others' objects
     }
     values.update(overrides)
     return Settings(**values)

@@ -19,6 +19,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import asdict
 
+from app.serving import collector
 from app.serving.budgets import (
     AudioLimit,
     OverBudget,
@@ -532,7 +533,8 @@ class SpeechService:
         return dropped
 
     def _observe_load(self, model_id: str, status: ModelStatus) -> None:
-        if status is ModelStatus.READY:
+        if status is ModelStatus.READY and self.settings.gc_freeze:
+            collector.settle()  # a model loaded while serving: its objects out of sight too
             seconds = self.registry[model_id].load_seconds
             if seconds is not None:
                 self.metrics.load_seconds.labels(model_id).observe(seconds)
