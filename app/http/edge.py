@@ -38,6 +38,7 @@ def install(app: FastAPI, settings: Settings) -> Authenticator:
     errors.install(app)
     # Added innermost first: a refusal by any layer still passes the ones outside it, so it
     # carries the request id, the security headers and (when on) CORS headers.
+    app.add_middleware(errors.Unhandled)  # innermost: its 500 passes every layer below
     larger = dict.fromkeys(("/v1/audio/jobs", "/v1/audio/batch", "/studio/jobs"),
                            settings.jobs_max_request_bytes)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes, larger=larger)

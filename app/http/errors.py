@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request, routing
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.jobs.model import DiskFull, JobNotFound, JobNotReady, StoreUnavailable
 from app.protocols.schemas import ErrorInfo, ErrorResponse
@@ -52,6 +53,10 @@ class HostNotAllowed(VoxMuxError):
 
 class RequestNotFound(VoxMuxError):
     """No running request has that id."""
+
+
+class NoSuchVoice(VoxMuxError):
+    """A voice asked for as a resource (`GET .../voices/{id}`) that no model has."""
 
 
 class RequestTooLarge(VoxMuxError, HTTPException):
@@ -148,6 +153,7 @@ TABLE: dict[type[Exception], ErrorKind] = {
     Forbidden: ErrorKind(403, "permission_error", "forbidden", ws_close=1008, lunavox_close=1008),
     HostNotAllowed: ErrorKind(400, _BAD, "host_not_allowed", ws_close=1008, lunavox_close=1008),
     RequestNotFound: ErrorKind(404, _BAD, "request_not_found"),
+    NoSuchVoice: ErrorKind(404, _BAD, "voice_not_found"),
     LexiconNotFound: ErrorKind(404, _BAD, "lexicon_not_found"),
     JobNotFound: ErrorKind(404, _BAD, "job_not_found"),
     JobNotReady: ErrorKind(409, _BAD, "job_not_finished"),
@@ -294,6 +300,36 @@ async def _on_http(request: Request, exc: HTTPException) -> JSONResponse:
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error", exc_info=exc)
     return _respond(request, exc)
+
+
+class Unhandled:
+    """A bug's exception answered here, inside the other layers, as a 500 in the error shape:
+    the answer passes them (request id, security headers) and nothing is raised on to the
+    server, which would drop the kept-alive connection after the answer without saying so
+    (Starlette's outermost handler answers, then raises again). A failure after the answer
+    began is raised on: the transfer must not look whole."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception as exc:
+            if started:
+                raise
+            log.exception("unhandled error", exc_info=exc)
+            await shaped_response(scope, exc)(scope, receive, send)
 
 
 def install(app: FastAPI) -> None:

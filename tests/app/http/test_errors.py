@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import socket
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, start_server, test_settings
 
 GOOD = {"model": "tts-1", "input": "Hello.", "voice": "alloy"}
 
@@ -68,3 +72,40 @@ def test_unknown_route_and_model_lookup(server: LiveServer) -> None:
     assert missing_route.json()["error"]["type"] == "invalid_request_error"
     assert missing_model.status_code == voices.status_code == 404
     assert missing_model.json()["error"]["param"] == "model"
+
+
+def test_an_unhandled_error_is_a_500_that_keeps_the_connection(tmp_path: Path) -> None:
+    """A bug's 500 has the error shape and the request id, and the kept-alive connection it
+    came on serves the next request (it used to be dropped without `Connection: close`, so a
+    client's next request on it failed with a reset)."""
+    live = start_server(test_settings(tmp_path, preload=[]))
+
+    async def broken() -> None:
+        raise RuntimeError("a bug")
+
+    live.app.add_api_route("/boom", broken)
+    try:
+        port = int(live.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            reader = sock.makefile("rb")
+            head, body = _exchange(sock, reader, "/boom")
+            time.sleep(0.3)  # a dropped connection shows as EOF or a reset from here on
+            again, _ = _exchange(sock, reader, "/health")
+    finally:
+        live.stop()
+    assert head[0].startswith(b"HTTP/1.1 500"), head
+    assert b"x-request-id" in b"".join(head).lower()
+    error = json.loads(body)["error"]
+    assert error["type"] == "server_error" and "a bug" not in error["message"]
+    assert again and again[0].startswith(b"HTTP/1.1 200"), again
+
+
+def _exchange(sock: socket.socket, reader: Any, path: str) -> tuple[list[bytes], bytes]:
+    """One keep-alive GET on `sock`: the response's head lines and its body."""
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    head: list[bytes] = []
+    while (line := reader.readline()) not in (b"\r\n", b""):
+        head.append(line)
+    length = next((int(h.split(b":")[1]) for h in head
+                   if h.lower().startswith(b"content-length")), 0)
+    return head, reader.read(length)
