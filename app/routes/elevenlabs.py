@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from app.audio.encoders import StreamEncoder
 from app.http.auth import MESSAGE, authenticator
 from app.http.clients import client_id
-from app.http.errors import InvalidApiKey, shape_errors
+from app.http.errors import InvalidApiKey, NoSuchVoice, shape_errors
 from app.protocols import elevenlabs as el
 from app.protocols.captioned import encoded_segments, ndjson_line
 from app.protocols.elevenlabs_ws import ElevenLabsFraming, StreamInput
@@ -29,7 +29,7 @@ from app.routes.ws import idle_timeout, serve
 from app.serving.events import JobEvent
 from app.serving.job import SpeechJob
 from app.serving.service import SpeechService
-from engines.base import InvalidParameter, VoiceNotFound, WordTiming
+from engines.base import InvalidParameter, ModelNotFound, VoiceNotFound, WordTiming
 
 PREFIX = "/elevenlabs"
 TTS = "/v1/text-to-speech/{voice_id}"
@@ -145,9 +145,12 @@ async def list_voices(request: Request) -> Response:
 async def get_voice(voice_id: str, request: Request) -> Response:
     _authorize(request)
     table = request.app.state.elevenlabs_voices
-    found = el.find_voice(_service(request), el.voxmux_name(table, voice_id))
+    try:  # an unknown model or an unknown voice of a model: the same missing resource
+        found = el.find_voice(_service(request), el.voxmux_name(table, voice_id))
+    except (ModelNotFound, VoiceNotFound):
+        found = None
     if found is None:
-        raise VoiceNotFound(f"No voice '{voice_id}'", param="voice_id")
+        raise NoSuchVoice(f"No voice '{voice_id}'", param="voice_id")
     alias = table.get(voice_id)
     return JSONResponse(el.voice_json(*found, None if alias is None else (voice_id, alias)))
 

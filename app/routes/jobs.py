@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
-from app.audio.encoders import CONTENT_TYPES, output_rate
+from app.audio.encoders import CONTENT_TYPES, content_type, output_rate
 from app.http.deps import ClientDep, RequestIdDep, ServiceDep
 from app.http.disconnect import unless_disconnected
 from app.jobs.batch import batch_items, run_batch
@@ -41,6 +41,13 @@ from app.protocols.schemas import (
 from engines.base import InvalidParameter
 
 router = APIRouter(tags=["jobs"])
+
+_AUDIO: dict[int | str, dict[str, Any]] = {200: {"content": {
+    content_type(fmt, PCM_RATE): {} for fmt in CONTENT_TYPES if fmt != "ulaw"}}}
+"""The job's format, pcm at OpenAI's rate (the schema names what each route may answer)."""
+_ZIP: dict[int | str, dict[str, Any]] = {200: {"content": {"application/zip": {}}}}
+_CAPTIONS: dict[int | str, dict[str, Any]] = {200: {"content": {
+    "application/x-subrip; charset=utf-8": {}, "text/vtt; charset=utf-8": {}}}}
 
 def _runner(request: Request) -> JobRunner:
     runner: JobRunner = request.app.state.jobs
@@ -188,7 +195,8 @@ def _media(fmt: str, rate: int) -> str:
     return f"{CONTENT_TYPES[fmt]};rate={PCM_RATE}" if fmt == "pcm" else CONTENT_TYPES[fmt]
 
 
-@router.get("/v1/audio/jobs/{job_id}/audio", responses=ERROR_RESPONSES)
+@router.get("/v1/audio/jobs/{job_id}/audio", response_class=Response, responses=ERROR_RESPONSES | {
+    200: {"content": _AUDIO[200]["content"] | _ZIP[200]["content"]}})
 async def job_audio(job_id: str, runner: RunnerDep, owner: OwnerDep) -> Response:
     """The whole result: every chapter in order in the asked format (a batch job: its ZIP)."""
     job = await _job(runner, job_id, owner)
@@ -220,7 +228,8 @@ def _item(store: Store, job: Job, number: int) -> Item:
     return item
 
 
-@router.get("/v1/audio/jobs/{job_id}/chapters/{number}/audio", responses=ERROR_RESPONSES)
+@router.get("/v1/audio/jobs/{job_id}/chapters/{number}/audio", response_class=Response,
+            responses=ERROR_RESPONSES | _AUDIO)
 async def chapter_audio(job_id: str, number: int, runner: RunnerDep, owner: OwnerDep
                         ) -> Response:
     """One chapter (1-based) in the asked format, as soon as that chapter is finished."""
@@ -232,7 +241,8 @@ async def chapter_audio(job_id: str, number: int, runner: RunnerDep, owner: Owne
                              headers=_audio_headers(fmt, rate, f"{job.id}-{number:03d}"))
 
 
-@router.get("/v1/audio/jobs/{job_id}/chapters/{number}/captions", responses=ERROR_RESPONSES)
+@router.get("/v1/audio/jobs/{job_id}/chapters/{number}/captions", response_class=Response,
+            responses=ERROR_RESPONSES | _CAPTIONS)
 async def chapter_captions(job_id: str, number: int, runner: RunnerDep, owner: OwnerDep,
                            format: str = Query("srt", pattern="^(srt|vtt)$")) -> Response:
     """SRT or WebVTT for one chapter, from the word timings its engine reported."""
@@ -247,7 +257,8 @@ async def chapter_captions(job_id: str, number: int, runner: RunnerDep, owner: O
     return Response(text, media_type=f"{media}; charset=utf-8")
 
 
-@router.get("/v1/audio/jobs/{job_id}/zip", responses=ERROR_RESPONSES)
+@router.get("/v1/audio/jobs/{job_id}/zip", response_class=Response,
+            responses=ERROR_RESPONSES | _ZIP)
 async def job_result_zip(job_id: str, runner: RunnerDep, owner: OwnerDep) -> Response:
     """Every chapter's audio and captions with a `manifest.json`, once the job is done."""
     job = await _job(runner, job_id, owner)

@@ -183,7 +183,7 @@ def parse_pls(document: str) -> tuple[str, dict[str, str]]:
                 entries.setdefault(grapheme, reading)
         text.clear()
 
-    parser = expat.ParserCreate(namespace_separator=" ")
+    parser = expat.ParserCreate("UTF-8", namespace_separator=" ")  # (text: see app.text.ssml)
     parser.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)
 
     def refuse(*_: object) -> None:

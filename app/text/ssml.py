@@ -178,7 +178,9 @@ class _Compiler:
         self.source = source
         self.raw = source.encode()
         self._char_at = _ByteMap(source)
-        self.parser = expat.ParserCreate()
+        # The document arrives as text (JSON carried it as UTF-8): its bytes are the UTF-8
+        # encoding of that text, whatever an `<?xml encoding=...?>` declaration says.
+        self.parser = expat.ParserCreate("UTF-8")
         self.parser.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)
         self.parser.StartDoctypeDeclHandler = self._doctype
         self.parser.EntityDeclHandler = self._doctype

@@ -126,6 +126,11 @@ def test_voices_models_and_user(client: ElevenLabs, live: LiveServer) -> None:
     with httpx.Client(base_url=live.url) as http:  # at the root too, but for /v1/models
         assert http.get("/v1/voices").json()["voices"]
         assert http.get("/v1/models").json()["object"] == "list"  # OpenAI's
+        # A voice no model has is a missing resource, whatever part of its name is unknown.
+        for missing in ("espeak:nosuch", "nosuchmodel:x", "nosuch"):
+            answer = http.get(f"/elevenlabs/v1/voices/{missing}")
+            assert answer.status_code == 404, (missing, answer.text)
+            assert answer.json()["detail"]["status"] == "voice_not_found"
 
 
 RACHEL, ADAM = "21m00Tcm4TlvDq8ikWAM", "pNInz6obpgDQGcFmaJgB"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from app.text.lexicon import parse_pls
 from app.text.prepared import cut, prepare
 from app.text.ssml import SSMLError, compile_ssml, detect, say_as
 
@@ -133,3 +134,17 @@ def test_a_language_tag_is_checked() -> None:
     with pytest.raises(SSMLError) as raised:
         prepare('<speak>Hello. <lang xml:lang="fr&#10;X-Injected: 1">Bonjour.</lang></speak>')
     assert "is not a language tag" in raised.value.message
+
+
+def test_an_xml_encoding_declaration_does_not_reread_the_text() -> None:
+    """The document came as text (JSON's UTF-8): a declaration naming another encoding is not
+    obeyed (it turned `héllo` into mojibake)."""
+    compiled = compile_ssml('<?xml version="1.0" encoding="ISO-8859-1"?>'
+                            "<speak>héllo wörld</speak>")
+    assert compiled.text.strip() == "héllo wörld"
+    language, entries = parse_pls(
+        '<?xml version="1.0" encoding="ISO-8859-1"?><lexicon version="1.0" '
+        'xmlns="http://www.w3.org/2005/01/pronunciation-lexicon" alphabet="ipa" '
+        'xml:lang="de"><lexeme><grapheme>Müller</grapheme><alias>Mueller</alias></lexeme>'
+        "</lexicon>")
+    assert (language, entries) == ("de", {"Müller": "Mueller"})
