@@ -83,13 +83,20 @@ class Assembly:
             scale = len(shifted) / len(whole) if len(whole) else 1.0
             chunks = [shifted]
             words = tuple(w.moved(scale=scale) for w in words)
-        if self._previous is not None and chunks:
-            pause = self.pause_after(self._previous, self._previous_index)
-            if self._previous_index in self._plan.pauses:  # a break: the silence heard
+        pauses = self._plan.pauses
+        if chunks and (self._previous is not None or self._previous_index in pauses):
+            # The pause before it; before the first segment only a break (SSML before any text)
+            pause = self.pause_after(self._previous or "", self._previous_index)
+            if self._previous_index in pauses:  # a break: the silence heard
                 head = dsp.voiced_span(chunks[0], self._rate, keep_ms=0)[0]
                 pause = pause[:max(0, len(pause) - head - self._tail)]
             chunks[0] = np.concatenate([pause, chunks[0]])
             words = tuple(w.moved(shift=len(pause) / self._rate) for w in words)
+        if chunks and index == len(self._plan.segments) - 1 and index in pauses:
+            # A break after the last text: the silence heard at the end is its length.
+            tail = len(chunks[-1]) - dsp.voiced_span(chunks[-1], self._rate, keep_ms=0)[1]
+            after = dsp.pause(self._rate, pauses[index] * 1000)
+            chunks[-1] = np.concatenate([chunks[-1], after[:max(0, len(after) - tail)]])
         if self._plan.timestamps:
             words = tuple(w.moved(shift=self._samples / self._rate) for w in words)
         joined = Joined(index, text, tuple(chunks), words if self._plan.timestamps else ())

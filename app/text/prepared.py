@@ -65,7 +65,8 @@ class Cut:
     segments: list[str] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
     pauses: dict[int, float] = field(default_factory=dict)
-    """Segment index -> seconds of silence after it (a break)."""
+    """Segment index -> seconds of silence after it (a break); index -1: before the first
+    segment (breaks before any text)."""
     rates: dict[int, float] = field(default_factory=dict)
     """Segment index -> tempo it is read at (a prosody rate)."""
     pitches: dict[int, float] = field(default_factory=dict)
@@ -95,7 +96,7 @@ def cut(prepared: Prepared, split: Callable[[str], list[str]]) -> Cut:
     result = Cut()
     for a, b in itertools.pairwise(points):
         piece = text[a:b]
-        if a in compiled.breaks and result.segments:
+        if a in compiled.breaks:  # after the last segment so far (-1: before the first)
             last = len(result.segments) - 1
             result.pauses[last] = result.pauses.get(last, 0.0) + compiled.breaks[a]
         if not any(c.isalnum() for c in piece):
@@ -117,7 +118,7 @@ def cut(prepared: Prepared, split: Callable[[str], list[str]]) -> Cut:
                 result.languages[index] = language
             result.segments.append(segment)
             result.offsets.append(a + offset)
-    if len(text) in compiled.breaks and result.segments:
+    if len(text) in compiled.breaks:
         last = len(result.segments) - 1
         result.pauses[last] = result.pauses.get(last, 0.0) + compiled.breaks[len(text)]
     return result

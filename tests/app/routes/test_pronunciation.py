@@ -361,3 +361,27 @@ def test_bad_lexicons_are_refused(live: LiveServer, tmp_path: Path) -> None:
         assert bad.status_code == 400
         bad = client.put("/v1/audio/lexicons/x", json={"entries": {"a](": "b"}})
         assert bad.status_code == 400
+
+
+def _edges(samples: np.ndarray, rate: int) -> tuple[float, float]:
+    """Seconds of silence before the first and after the last sound (5 ms blocks)."""
+    block = round(rate * 0.005)
+    count = len(samples) // block
+    rms = np.sqrt(np.mean(np.square(samples[:count * block].reshape(count, block)), axis=1))
+    loud = np.flatnonzero(rms >= 0.003)
+    return loud[0] * block / rate, (len(samples) - (loud[-1] + 1) * block) / rate
+
+
+@pytest.mark.parametrize("model", ["espeak", "piper"])
+def test_breaks_before_and_after_the_text_are_in_the_audio(live: LiveServer, model: str) -> None:
+    """A break before the first words or after the last is heard as its length (both used to be
+    dropped: the audio was as long as the text alone)."""
+    plain, _ = _speak(live, model, "Hello there.")
+    lead, _ = _speak(live, model, '<speak><break time="3s"/>Hello there.</speak>')
+    trail, _ = _speak(live, model, '<speak>Hello there.<break time="2s"/></speak>')
+    rate = plain.sample_rate  # type: ignore[attr-defined]
+    before, _ = _edges(lead.samples, rate)  # type: ignore[attr-defined]
+    _, after = _edges(trail.samples, rate)  # type: ignore[attr-defined]
+    assert abs(before - 3.0) <= 0.02, before
+    assert abs(after - 2.0) <= 0.02, after
+    assert lead.duration - plain.duration > 2.9  # type: ignore[attr-defined]
