@@ -13,9 +13,10 @@ import soxr
 
 Samples = npt.NDArray[np.float32]
 
-AUDIO_REVISION = 1
+AUDIO_REVISION = 2
 """Bump with any change here (or in how segments are joined) that changes rendered samples: it
-is part of every cache key, so audio cached by an older VoxMux is not served after it."""
+is part of every cache key, so audio cached by an older VoxMux is not served after it. 2: a
+segment before an SSML break ends where its sound does, and edge breaks are in the audio."""
 
 _FRAME_MS = 24.0
 _TOLERANCE_MS = 8.0

@@ -19,7 +19,7 @@ from app.jobs.results import encode_clip, manifest_entry
 from app.protocols.schemas import BatchItem, voice_id
 from app.serving.budgets import AudioLimit, check_audio
 from app.serving.service import SpeechService
-from engines.base import InvalidParameter, VoxMuxError
+from engines.base import InvalidParameter
 
 
 def asked(raw: Any) -> dict[str, Any]:
@@ -77,8 +77,9 @@ async def run_batch(service: SpeechService, items: list[Any], request_id: str, c
     return members, entries
 
 
-async def batch_items(service: SpeechService, items: list[Any]) -> list[Item]:
-    """A large batch as a job's items: each checked now; one that fails carries its error."""
+def batch_items(items: list[Any]) -> list[Item]:
+    """A large batch as a job's items, each as sent; one that is not a valid speech body
+    carries its error (the job plans the others: `JobRunner.create`)."""
     out: list[Item] = []
     for index, raw in enumerate(items):
         body, error = validated(raw)
@@ -89,9 +90,5 @@ async def batch_items(service: SpeechService, items: list[Any]) -> list[Item]:
                                   language=body.language, instructions=body.instructions,
                                   response_format=body.response_format)
             text = body.input
-            try:
-                await service.plan(**body.plan_fields(), text=body.input, whole=True)
-            except VoxMuxError as exc:
-                error = error_body(exc)["error"]
         out.append(Item(index, "", text, options, asked(raw), error))
     return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import HTTPConnection
@@ -24,8 +25,7 @@ from app.jobs.model import Item, ItemOptions, ItemSummary, Job
 from app.jobs.runner import JobRunner
 from app.jobs.store import Store
 from app.protocols.schemas import ErrorInfo, JobCard, JobProgress, JobRequest, voice_id
-from app.serving.budgets import check_audio, speech_floor
-from app.settings import Settings
+from app.text.ssml import detect
 from engines.base import InvalidParameter
 
 Counts = tuple[int, int, float]
@@ -91,53 +91,41 @@ def _chapter(job: Job, item: ItemSummary) -> dict[str, Any]:
 
 
 def job_items(body: JobRequest, budget: book.ArchiveBudget) -> list[Item]:
-    """A job request's chapters: its items, or its input read as text, Markdown or EPUB (an
-    EPUB within `budget`)."""
+    """A job request's chapters: its items, or its input read as text, SSML (one chapter),
+    Markdown or EPUB (an EPUB within `budget`). An item or text that is SSML (`<speak>`) is
+    read as SSML, as on the speech route; its title is not spoken (the document is whole)."""
     options = ItemOptions(model=body.model, voice=body.voice_id, speed=body.speed,
                           language=body.language, instructions=body.instructions,
                           response_format=body.response_format)
     if body.items is not None:
         if body.input is not None:
             raise InvalidParameter("Send 'input' or 'items', not both", param="items")
-        return [Item(n, item.title or "", book.titled(item.title or "", item.input),
+        return [Item(n, item.title or "", item.input if detect(item.input)
+                     else book.titled(item.title or "", item.input),
                      ItemOptions(body.model, voice_id(item.voice) or options.voice,
                                  item.speed or options.speed, item.language or options.language,
                                  options.instructions, options.response_format),
                      item.model_dump(exclude_none=True, mode="json"))
                 for n, item in enumerate(body.items)]
     if body.input is None:
-        raise InvalidParameter("'input' (a text, Markdown or an EPUB) or 'items' is required",
-                               param="input")
+        raise InvalidParameter("'input' (a text, SSML, Markdown or an EPUB) or 'items' is "
+                               "required", param="input")
+    if body.input_format == "ssml" or (body.input_format == "text" and detect(body.input)):
+        return [Item(0, body.title or "", body.input, replace(options, input_format="ssml"))]
     chapters = book.chapters(body.input, body.input_format, body.title, budget=budget)
-    return [Item(n, c.title, c.text, options) for n, c in enumerate(chapters)]
+    read_as = "text" if body.input_format in ("markdown", "epub") else None
+    return [Item(n, c.title, c.text, replace(options, input_format=read_as))
+            for n, c in enumerate(chapters)]
 
 
-def check_job(items: list[Item], settings: Settings) -> None:
-    """A job's text within `jobs_max_chars`, and the speech it makes at least within
-    `jobs_max_audio_seconds` (`OverBudget`), before anything is stored."""
-    chars = sum(len(i.text) for i in items)
-    limit = settings.jobs_max_chars
-    if chars > limit:
-        raise InvalidParameter(f"The job's text is {chars} characters; the limit is {limit}",
-                               param="input", code="string_above_max_length")
-    floor = sum(speech_floor(i.text, i.options.speed) for i in items if i.error is None)
-    check_audio(floor, settings.jobs_max_audio_seconds, "jobs_max_audio_seconds", "The job")
-
-
-def checked_items(body: JobRequest, settings: Settings) -> list[Item]:
-    """A job request's items, read within the EPUB budgets, checked by `check_job`."""
-    items = job_items(body, book.ArchiveBudget(settings.epub_max_bytes,
-                                               settings.epub_max_entries))
-    check_job(items, settings)
-    return items
-
-
-async def start_job(runner: JobRunner, owner: str, body: JobRequest) -> Job:
-    """Check, cut into chapters and segments, store and queue a job (the API's and the
-    Studio's)."""
-    items = await asyncio.to_thread(checked_items, body, runner.settings)
+async def start_job(runner: JobRunner, owner: str, body: JobRequest, client: str) -> Job:
+    """Read a job request's chapters (in a thread: an EPUB is inflated and parsed), then plan
+    (with `client`'s lexicons), store and queue the job (the API's and the Studio's)."""
+    settings = runner.settings
+    items = await asyncio.to_thread(job_items, body, book.ArchiveBudget(
+        settings.epub_max_bytes, settings.epub_max_entries))
     chars = sum(len(i.text) for i in items)
     return await runner.create(owner, "book", {
         "model": body.model, "voice": body.voice_id, "speed": body.speed,
         "response_format": body.response_format, "title": body.title,
-        "input_format": body.input_format, "chars": chars}, items)
+        "input_format": body.input_format, "chars": chars}, items, client)

@@ -44,6 +44,8 @@ class ItemOptions:
     language: str | None = None
     instructions: str | None = None
     response_format: str = "mp3"
+    input_format: str | None = None
+    """`ssml`, `text`, or None: SSML when the text starts with `<speak>`."""
 
     def plan_fields(self) -> dict[str, Any]:
         return {"model": self.model, "voice": self.voice, "speed": self.speed,
@@ -61,6 +63,9 @@ class Item:
     error: dict[str, Any] | None = None
     """OpenAI's error body, for an item that could not be spoken (a batch goes on without it)."""
     sample_rate: int | None = None
+    reading: dict[str, Any] | None = None
+    """What SSML or a lexicon made of its text, as planned (`CutRecord.reading`); None: the
+    text is read as written."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,9 @@ class Segment:
     """Where `text` starts in its item's text."""
     samples: int | None = None
     """Samples stored once rendered (the pause before it included); None until then."""
+    how: dict[str, Any] | None = None
+    """What it is read with beyond the item's own (`CutRecord.hows`): a break after it, a
+    tempo, a pitch, another voice."""
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,7 @@ from app.jobs.model import (
     Segment,
     StoreUnavailable,
 )
-from app.jobs.store import WordRow, no_room
+from app.jobs.store import WordRow, no_room, stored_size
 
 log = logging.getLogger(__name__)
 
@@ -255,8 +255,7 @@ class RedisJobStore:
     def create(self, job: Job, items: list[Item], segments: list[Segment]) -> None:
         """Store a new job; its text counts against the bound (`DiskFull` past it), checked
         and counted in one transaction with the job's keys."""
-        size = sum(len(i.text.encode()) for i in items) + sum(len(s.text.encode())
-                                                                for s in segments)
+        size = stored_size(items, segments)
         job_key = self._key("job", job.id)
         per_item = {i.index: 0 for i in items}
         for segment in segments:
@@ -266,15 +265,15 @@ class RedisJobStore:
                                            "audio_seconds": "0"}
         item_rows: dict[FieldT, EncodableT] = {str(i.index): json.dumps({
             "title": i.title, "text": i.text, "options": dataclasses.asdict(i.options),
-            "asked": i.asked, "error": i.error or None, "sample_rate": i.sample_rate})
-            for i in items}
+            "asked": i.asked, "error": i.error or None, "sample_rate": i.sample_rate,
+            "reading": i.reading}) for i in items}
         meta_rows: dict[FieldT, EncodableT] = {
             str(i.index): _meta(i.title, len(i.text), dataclasses.asdict(i.options),
                                 i.error or None, i.sample_rate) for i in items}
         tally = _tally({i: (n, 0, 0) for i, n in per_item.items()})
         segment_rows: dict[FieldT, EncodableT] = {str(s.seq): json.dumps({
             "item": s.item, "part": s.part, "text": s.text, "offset": s.offset,
-            "samples": None}) for s in segments}
+            "samples": None, "how": s.how}) for s in segments}
 
         def store(pipe: Pipeline) -> None:
             if pipe.exists(job_key):
@@ -326,7 +325,7 @@ class RedisJobStore:
             item = json.loads(raw)
             items.append(Item(int(index), item["title"], item["text"],
                               ItemOptions(**item["options"]), item["asked"], item["error"],
-                              item["sample_rate"]))
+                              item["sample_rate"], item.get("reading")))
         return items
 
     def _segment_rows(self, job_id: str) -> list[tuple[int, dict[str, Any]]]:
@@ -335,7 +334,8 @@ class RedisJobStore:
         return sorted((int(seq), json.loads(raw)) for seq, raw in rows.items())
 
     def segments(self, job_id: str, item: int | None = None) -> list[Segment]:
-        return [Segment(seq, s["item"], s["part"], s["text"], s["offset"], s["samples"])
+        return [Segment(seq, s["item"], s["part"], s["text"], s["offset"], s["samples"],
+                        s.get("how"))
                 for seq, s in self._segment_rows(job_id) if item is None or s["item"] == item]
 
     def counts(self, job_id: str) -> tuple[int, int, float]:

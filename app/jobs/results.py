@@ -17,6 +17,7 @@ from app.jobs.model import Item, Job, JobNotFound
 from app.jobs.store import Store
 from app.protocols.openai import PCM_RATE
 from app.protocols.timestamps import CaptionFormat, captions
+from app.text.prepared import blank_markup
 from engines.base import Audio, WordTiming
 
 ZIP_NAME = "result.zip"
@@ -82,7 +83,8 @@ def item_captions(store: Store, job_id: str, item: Item, fmt: CaptionFormat) -> 
         at += (segment.samples or 0) / rate
     if not words:
         return None
-    return captions(item.text, words, fmt)
+    ssml = item.reading is not None and item.reading.get("ssml")
+    return captions(blank_markup(item.text) if ssml else item.text, words, fmt)
 
 
 def manifest_entry(index: int, file: str | None, asked: dict[str, Any], fmt: str,

@@ -1,9 +1,11 @@
 """The job runner: creates jobs, renders them segment by segment through the speech service, and
 brings them back after a restart.
 
-Each job renders item by item, each item as one `SpeechJob` of the service's planned by
-`plan_long` (the service stays the one path to the engines): its segments were cut when the job
-was made, so a resumed item starts at its first segment without a stored file and joins it to the
+Each item is planned when the job is made, as any request is (`SpeechService.plan(long=True)`:
+SSML compiled, the creator's lexicons applied, budgets checked), and what planning made is stored
+with it (`CutRecord`: its segments, what each is read with, the text SSML and lexicons made). It
+renders as one `SpeechJob` of the service's planned from that record (`replan`), never prepared
+again, so a resumed item starts at its first segment without a stored file and joins it to the
 one before exactly as an uninterrupted run would (the pause before a segment is part of that
 segment's stored audio). Job segments take background turns on their model's lane: an
 interactive request waits at most for the segment under way.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -57,11 +60,12 @@ from app.jobs.model import (
 )
 from app.jobs.results import job_zip
 from app.jobs.store import JobStore, Store, WordRow
-from app.serving.budgets import OverBudget, env_name, seconds
+from app.serving.budgets import OverBudget, check_audio, env_name, seconds
 from app.serving.events import SegmentEnd, SegmentWords
+from app.serving.plan import CutRecord, SpeechPlan
 from app.serving.service import SpeechService
 from app.settings import Settings
-from engines.base import Cancelled, Overloaded, RequestTimeout, VoxMuxError
+from engines.base import Cancelled, InvalidParameter, Overloaded, RequestTimeout, VoxMuxError
 
 if TYPE_CHECKING:
     from app.jobs.redis_store import RedisJobStore
@@ -224,30 +228,49 @@ class JobRunner:
     # -- making ------------------------------------------------------------------------------
 
     async def create(self, owner: str, kind: JobKind, request: dict[str, Any],
-                     items: list[Item]) -> Job:
-        """Store a new job and queue it; its items' segments are cut now, once."""
-        job = await asyncio.to_thread(self._store_new, owner, kind, request, items)
+                     items: list[Item], client: str = "") -> Job:
+        """Plan every item as any request is planned (`SpeechService.plan(long=True)`: SSML
+        compiled, the lexicons of `client`, the job's creator, applied, budgets checked), store
+        the job with the cut planning made, once, and queue it. A batch's item that cannot be
+        planned carries its error and the others go on; a book's fails the job."""
+        check_chars(items, self.settings)
+        plans: dict[int, SpeechPlan] = {}
+        for item in items:
+            if item.error is not None:
+                continue
+            try:
+                plans[item.index] = await self.service.plan(
+                    **item.options.plan_fields(), text=item.text,
+                    input_format=item.options.input_format, client=client, long=True)
+            except VoxMuxError as exc:
+                if kind != "batch":
+                    raise
+                item.error = error_body(exc)["error"]
+        check_audio(sum(plan.least_seconds for plan in plans.values()),
+                    self.settings.jobs_max_audio_seconds, "jobs_max_audio_seconds", "The job")
+        job = await asyncio.to_thread(self._store_new, owner, kind, request, items, plans)
         if self.shared:
             self._wake.set()  # a free worker here claims it now (or one elsewhere, later)
         else:
             self._queue.put_nowait(job.id)
         return job
 
-    def _store_new(self, owner: str, kind: JobKind, request: dict[str, Any], items: list[Item]
-                   ) -> Job:
+    def _store_new(self, owner: str, kind: JobKind, request: dict[str, Any], items: list[Item],
+                   plans: dict[int, SpeechPlan]) -> Job:
         now = time.time()
         job = Job(id="job_" + uuid.uuid4().hex, owner=owner, kind=kind, status="queued",
                   created=now, updated=now, request=request)
         segments: list[Segment] = []
         for item in items:
-            if item.error is not None:
+            plan = plans.get(item.index)
+            if item.error is not None or plan is None:
                 continue
-            plan = self.service.plan_long(**item.options.plan_fields(), text=item.text)
-            item.sample_rate = plan.sample_rate
+            record = CutRecord.of(plan)
+            item.sample_rate, item.reading = plan.sample_rate, record.reading
             first = len(segments)
-            segments += [Segment(first + n, item.index, n, text, offset)
-                         for n, (text, offset) in enumerate(zip(plan.segments, plan.offsets,
-                                                                strict=True))]
+            segments += [Segment(first + n, item.index, n, text, offset, how=how)
+                         for n, (text, offset, how) in enumerate(zip(
+                             record.segments, record.offsets, record.hows, strict=True))]
         self.store.create(job, items, segments)
         return job
 
@@ -507,14 +530,16 @@ class JobRunner:
 
     async def _render(self, job: Job, item: Item, segments: list[Segment], start: int,
                       end: int, run: _Run) -> None:
-        """Segments `start` to `end` of the item: a plan cut where the job cut it, ending at
-        `end` (the pause before a segment is its own, so a part joins as the whole would)."""
+        """Segments `start` to `end` of the item, planned from the cut the job stored (`replan`),
+        ending at `end` (the pause before a segment is its own, so a part joins as the whole
+        would)."""
         part = f"-{start}" if end < len(segments) or start else ""
-        plan = await asyncio.to_thread(
-            self.service.plan_long, **item.options.plan_fields(), text=item.text,
-            segments=[s.text for s in segments[:end]], offsets=[s.offset for s in segments[:end]],
-            request_id=f"{job.id}-{item.index + 1:03d}{part}", client=f"job:{job.owner}",
-            start=start)
+        record = CutRecord(tuple(s.text for s in segments), tuple(s.offset for s in segments),
+                           tuple(s.how for s in segments), item.reading)
+        plan = await asyncio.to_thread(functools.partial(
+            self.service.replan, **item.options.plan_fields(), text=item.text, record=record,
+            end=end, start=start, request_id=f"{job.id}-{item.index + 1:03d}{part}",
+            client=f"job:{job.owner}"))
         rate = plan.sample_rate
         clock = 0
         chunks: list[np.ndarray] = []
@@ -572,6 +597,15 @@ class JobRunner:
             except StoreUnavailable as exc:
                 log.warning("jobs: retention skipped: %s", exc.message)
             await asyncio.sleep(min(3600.0, max(60.0, hours * 3600)))
+
+
+def check_chars(items: list[Item], settings: Settings) -> None:
+    """A job's text within `jobs_max_chars`, before anything is planned."""
+    chars = sum(len(i.text) for i in items)
+    limit = settings.jobs_max_chars
+    if chars > limit:
+        raise InvalidParameter(f"The job's text is {chars} characters; the limit is {limit}",
+                               param="input", code="string_above_max_length")
 
 
 def _windows(segments: list[Segment], at_once: int) -> list[tuple[int, int]]:

@@ -61,12 +61,12 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE TABLE IF NOT EXISTS items (
     job TEXT NOT NULL, idx INTEGER NOT NULL, title TEXT NOT NULL, text TEXT NOT NULL,
-    options TEXT NOT NULL, asked TEXT NOT NULL, error TEXT, sample_rate INTEGER,
+    options TEXT NOT NULL, asked TEXT NOT NULL, error TEXT, sample_rate INTEGER, reading TEXT,
     PRIMARY KEY (job, idx)
 );
 CREATE TABLE IF NOT EXISTS segments (
     job TEXT NOT NULL, seq INTEGER NOT NULL, item INTEGER NOT NULL, part INTEGER NOT NULL,
-    text TEXT NOT NULL, offset INTEGER NOT NULL, samples INTEGER, words TEXT,
+    text TEXT NOT NULL, offset INTEGER NOT NULL, samples INTEGER, words TEXT, how TEXT,
     PRIMARY KEY (job, seq)
 );
 CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner, created);
@@ -79,6 +79,9 @@ CREATE TABLE IF NOT EXISTS summaries (
 """
 
 COUNTS = {"seg_total": "INTEGER", "seg_done": "INTEGER", "audio_seconds": "REAL"}
+ADDED = [*(("jobs", name, kind) for name, kind in COUNTS.items()),
+         ("items", "reading", "TEXT"), ("segments", "how", "TEXT")]
+"""Columns added since the first version: (table, column, type)."""
 """A job's progress, on its row: columns a database of the previous version gets when opened
 (NULL on its rows until they are counted)."""
 
@@ -110,6 +113,14 @@ _NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 WordRow = tuple[str, float, float, int, int]
 """A stored word: text, start and end in seconds from its segment's first sample, its span in
 the item's text."""
+
+
+def stored_size(items: list[Item], segments: list[Segment]) -> int:
+    """Bytes a new job's text takes in a store: its items' text and reading, its segments'."""
+    return (sum(len(i.text.encode()) + (len(json.dumps(i.reading)) if i.reading else 0)
+                for i in items)
+            + sum(len(s.text.encode()) + (len(json.dumps(s.how)) if s.how else 0)
+                  for s in segments))
 
 
 def no_room(used: int, size: int, max_bytes: int) -> DiskFull:
@@ -169,13 +180,13 @@ class JobStore:
             self._db.close()
 
     def _count_old(self) -> None:
-        """Count the jobs of a database the previous version wrote (no counts kept): once,
-        from their items and segments."""
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
+        """Bring a database an earlier version wrote up to date: the columns it lacks added,
+        and its jobs (no counts kept) counted once, from their items and segments."""
         with self._write() as db:
-            for name, kind in COUNTS.items():
+            for table, name, kind in ADDED:
+                columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
                 if name not in columns:
-                    db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
             old = [r[0] for r in db.execute("SELECT id FROM jobs WHERE seg_total IS NULL")]
             if old:
                 for statement in _COUNT_OLD.split(";"):
@@ -209,8 +220,7 @@ class JobStore:
     def create(self, job: Job, items: list[Item], segments: list[Segment]) -> None:
         """Store a new job; its text counts against the bound too (`DiskFull` past it), so
         jobs queued by the thousand cannot grow the database without limit."""
-        size = sum(len(i.text.encode()) for i in items) + sum(len(s.text.encode())
-                                                                for s in segments)
+        size = stored_size(items, segments)
         self._reserve(size)
         try:
             self._insert(job, items, segments, size)
@@ -231,10 +241,11 @@ class JobStore:
                        (job.id, job.owner, job.kind, job.status, json.dumps(job.request),
                         job.created, job.updated, size, sum(per_item.values())))
             db.executemany(
-                "INSERT INTO items (job, idx, title, text, options, asked, error, sample_rate) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO items (job, idx, title, text, options, asked, error, sample_rate, "
+                "reading) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [(job.id, i.index, i.title, i.text, json.dumps(i.options.__dict__),
-                  json.dumps(i.asked), json.dumps(i.error) if i.error else None, i.sample_rate)
+                  json.dumps(i.asked), json.dumps(i.error) if i.error else None, i.sample_rate,
+                  json.dumps(i.reading) if i.reading else None)
                  for i in items])
             db.executemany(
                 "INSERT INTO summaries (job, idx, title, chars, options, error, sample_rate, "
@@ -243,9 +254,10 @@ class JobStore:
                   json.dumps(i.error) if i.error else None, i.sample_rate, per_item[i.index])
                  for i in items])
             db.executemany(
-                "INSERT INTO segments (job, seq, item, part, text, offset) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                [(job.id, s.seq, s.item, s.part, s.text, s.offset) for s in segments])
+                "INSERT INTO segments (job, seq, item, part, text, offset, how) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(job.id, s.seq, s.item, s.part, s.text, s.offset,
+                  json.dumps(s.how) if s.how else None) for s in segments])
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -270,18 +282,20 @@ class JobStore:
         return [_job(r) for r in self._all(sql + " ORDER BY created", *args)]
 
     def items(self, job_id: str) -> list[Item]:
-        rows = self._all("SELECT idx, title, text, options, asked, error, sample_rate "
+        rows = self._all("SELECT idx, title, text, options, asked, error, sample_rate, reading "
                          "FROM items WHERE job = ? ORDER BY idx", job_id)
         return [Item(r[0], r[1], r[2], ItemOptions(**json.loads(r[3])), json.loads(r[4]),
-                     json.loads(r[5]) if r[5] else None, r[6]) for r in rows]
+                     json.loads(r[5]) if r[5] else None, r[6],
+                     json.loads(r[7]) if r[7] else None) for r in rows]
 
     def segments(self, job_id: str, item: int | None = None) -> list[Segment]:
-        sql = "SELECT seq, item, part, text, offset, samples FROM segments WHERE job = ?"
+        sql = "SELECT seq, item, part, text, offset, samples, how FROM segments WHERE job = ?"
         args: list[Any] = [job_id]
         if item is not None:
             sql += " AND item = ?"
             args.append(item)
-        return [Segment(*r) for r in self._all(sql + " ORDER BY seq", *args)]
+        return [Segment(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]) if r[6] else None)
+                for r in self._all(sql + " ORDER BY seq", *args)]
 
     def counts(self, job_id: str) -> tuple[int, int, float]:
         """(segments done, segments in all, seconds of audio stored), as counted."""

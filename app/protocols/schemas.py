@@ -326,7 +326,9 @@ class JobRequest(SpeechOptions):
     EPUB in base64, per `input_format`) or a list of `items`; no `max_input_chars` limit."""
 
     input: str | None = Field(None, validation_alias=AliasChoices("input", "text"))
-    input_format: Literal["text", "markdown", "epub"] = "text"
+    input_format: Literal["text", "ssml", "markdown", "epub"] = Field(
+        "text", description="`ssml`: the input is one SSML document (also detected from a "
+        "leading `<speak>`); items are SSML when they start with `<speak>`")
     items: list[JobItem] | None = Field(None, min_length=1)
     response_format: ResponseFormat = "mp3"
     title: str | None = Field(None, description="The job's name (a book's title)")

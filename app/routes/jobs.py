@@ -17,7 +17,7 @@ from app.audio.encoders import CONTENT_TYPES, content_type, output_rate
 from app.http.deps import ClientDep, RequestIdDep, ServiceDep
 from app.http.disconnect import unless_disconnected
 from app.jobs.batch import batch_items, run_batch
-from app.jobs.front import check_job, job_card, job_cards, owner_of, start_job
+from app.jobs.front import job_card, job_cards, owner_of, start_job
 from app.jobs.model import Item, Job, JobNotFound, JobNotReady
 from app.jobs.outputs import Outputs
 from app.jobs.results import (
@@ -82,9 +82,8 @@ async def create_batch(body: BatchRequest, request: Request, service: ServiceDep
                                param="items")
     if len(body.items) > settings.batch_max_items:
         runner = _runner(request)  # only a batch that becomes a job needs the store
-        items = await batch_items(service, body.items)
-        check_job(items, settings)
-        job = await runner.create(owner, "batch", {"items": len(items)}, items)
+        items = batch_items(body.items)
+        job = await runner.create(owner, "batch", {"items": len(items)}, items, client)
         return JSONResponse((await job_card(runner, job)).model_dump(), status_code=202,
                             headers={"Location": f"/v1/audio/jobs/{job.id}"})
     members, entries = await unless_disconnected(
@@ -105,8 +104,9 @@ async def create_batch(body: BatchRequest, request: Request, service: ServiceDep
 
 @router.post("/v1/audio/jobs", status_code=202, responses=ERROR_RESPONSES,
              response_model=JobCard)
-async def create_job(body: JobRequest, runner: RunnerDep, owner: OwnerDep) -> JSONResponse:
-    job = await start_job(runner, owner, body)
+async def create_job(body: JobRequest, runner: RunnerDep, owner: OwnerDep,
+                     client: ClientDep) -> JSONResponse:
+    job = await start_job(runner, owner, body, client)
     return JSONResponse((await job_card(runner, job)).model_dump(), status_code=202,
                         headers={"Location": f"/v1/audio/jobs/{job.id}"})
 

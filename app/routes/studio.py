@@ -169,7 +169,8 @@ async def start_studio_job(
             "model": model, "voice": voice.strip() or None, "input": source,
             "input_format": fmt, "response_format": format,
             "title": title.strip() or (file.filename if file is not None else None) or None})
-        job = await start_job(request.app.state.jobs.available(), owner_of(request), body)
+        job = await start_job(request.app.state.jobs.available(), owner_of(request), body,
+                              client_id(request))
         notice = f"Started {job.id}."
     except ValidationError as exc:
         status, notice = 400, "; ".join(str(e["msg"]) for e in exc.errors())

@@ -52,8 +52,6 @@ class Assembly:
         self._previous: str | None = plan.segments[plan.start - 1] if plan.start else None
         """The segment before the next: a resumed plan's next piece has its pause too."""
         self._previous_index = plan.start - 1
-        self._tail = 0
-        """Silent samples at the end of the last piece (a break counts them in)."""
 
     def reshapes(self, index: int, sample_rate: int) -> bool:
         """Whether joining segment `index` (rendered at `sample_rate`) resamples, stretches or
@@ -87,24 +85,25 @@ class Assembly:
         if chunks and (self._previous is not None or self._previous_index in pauses):
             # The pause before it; before the first segment only a break (SSML before any text)
             pause = self.pause_after(self._previous or "", self._previous_index)
-            if self._previous_index in pauses:  # a break: the silence heard
+            if self._previous_index in pauses:  # a break: the silence heard is its length
                 head = dsp.voiced_span(chunks[0], self._rate, keep_ms=0)[0]
-                pause = pause[:max(0, len(pause) - head - self._tail)]
+                pause = pause[:max(0, len(pause) - head)]
             chunks[0] = np.concatenate([pause, chunks[0]])
             words = tuple(w.moved(shift=len(pause) / self._rate) for w in words)
-        if chunks and index == len(self._plan.segments) - 1 and index in pauses:
-            # A break after the last text: the silence heard at the end is its length.
-            tail = len(chunks[-1]) - dsp.voiced_span(chunks[-1], self._rate, keep_ms=0)[1]
-            after = dsp.pause(self._rate, pauses[index] * 1000)
-            chunks[-1] = np.concatenate([chunks[-1], after[:max(0, len(after) - tail)]])
+        if chunks and index in pauses:
+            # A break follows: this segment's own trailing silence is part of it (cut here, so
+            # the join needs nothing of this segment's: a part of a job rendered on its own
+            # joins as the whole would); after the text's last segment, the break is here.
+            last = chunks[-1]
+            chunks[-1] = last[:dsp.voiced_span(last, self._rate, keep_ms=0)[1]]
+            if self._plan.ends_item and index == len(self._plan.segments) - 1:
+                chunks[-1] = np.concatenate([chunks[-1],
+                                             dsp.pause(self._rate, pauses[index] * 1000)])
         if self._plan.timestamps:
             words = tuple(w.moved(shift=self._samples / self._rate) for w in words)
         joined = Joined(index, text, tuple(chunks), words if self._plan.timestamps else ())
         self._samples += joined.samples
         self._previous, self._previous_index = text, index
-        if chunks:
-            last = chunks[-1]
-            self._tail = len(last) - dsp.voiced_span(last, self._rate, keep_ms=0)[1]
         return joined
 
     def pause_after(self, segment: str, index: int = -1) -> Audio:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.serving.budgets import AudioLimit
 from app.serving.scheduler import Lane
 from app.text.feed import TextFeed
 from app.text.prepared import Prepared
+from app.text.ssml import Compiled
 from engines.base import Engine
+from engines.frontend.spans import Spanned
 from engines.registry import ModelHandle
 
 
@@ -72,6 +76,9 @@ class SpeechPlan:
     least_seconds: float = 0.0
     """Audio the input makes at least (its SSML breaks, its letters read faster than any voice
     reads them): what budgets are checked against before any audio is made."""
+    ends_item: bool = True
+    """Whether the last of `segments` ends the text (a part of a long-form item that stops
+    before its end: False, and a break after its last segment is the next part's to make)."""
     audio_limit: AudioLimit | None = None
     """The most audio the request may make (`app.serving.budgets`); None: no bound of its own
     (a long-form job's part: the job counts its whole)."""
@@ -138,3 +145,72 @@ class SpeechPlan:
     @property
     def streamed(self) -> bool:
         return isinstance(self.text, TextFeed)
+
+
+Speakers = Callable[[SpeechPlan, str, str, "str | None"], Speaker]
+"""Makes the speaker of a stored segment: (plan, model, voice, language) -> `Speaker`."""
+
+
+@dataclass(frozen=True)
+class CutRecord:
+    """What planning a long-form item made, as its job keeps it (JSON-able): where the text was
+    cut, what each segment is read with, and the text the engines read when SSML or a lexicon
+    made it, with each character's span in the client's text. A part rendered later (resumed,
+    or one of several at once) is planned from it (`apply`), never prepared again: lexicons
+    and settings may have changed meanwhile."""
+
+    segments: tuple[str, ...]
+    offsets: tuple[int, ...]
+    hows: tuple[dict[str, Any] | None, ...]
+    """Per segment, what is not the plan's own: `pause` (seconds of break after it), `rate`,
+    `pitch`, `speaker` ([model, voice, language]); None for most."""
+    reading: dict[str, Any] | None = None
+    """`{"spoken", "runs", "lead", "ssml"}`: the text the engines read, its spans
+    (`Spanned.runs`), seconds of break before the first segment, whether it was SSML; None:
+    the item's text is read as written."""
+
+    @classmethod
+    def of(cls, plan: SpeechPlan) -> CutRecord:
+        hows: list[dict[str, Any] | None] = []
+        for index in range(len(plan.segments)):
+            how: dict[str, Any] = {}
+            for key, values in (("pause", plan.pauses), ("rate", plan.rates),
+                                ("pitch", plan.pitches)):
+                if index in values:
+                    how[key] = values[index]
+            if index in plan.speakers:
+                speaker = plan.speakers[index]
+                how["speaker"] = [speaker.handle.id, speaker.voice, speaker.language]
+            hows.append(how or None)
+        reading = None
+        if plan.prepared is not None:
+            spoken = plan.prepared.compiled.spoken
+            reading = {"spoken": spoken.text, "runs": spoken.runs(),
+                       "lead": plan.pauses.get(-1, 0.0), "ssml": plan.prepared.markup}
+        return cls(tuple(plan.segments), tuple(plan.offsets), tuple(hows), reading)
+
+    def apply(self, plan: SpeechPlan, end: int, speaker: Speakers) -> None:
+        """`plan` (made for the item's text, voice and speed) given the first `end` segments
+        of the record and what they are read with."""
+        plan.segments, plan.offsets = list(self.segments[:end]), list(self.offsets[:end])
+        plan.ends_item = end == len(self.segments)
+        for index, how in enumerate(self.hows[:end]):
+            if not how:
+                continue
+            if "pause" in how:
+                plan.pauses[index] = float(how["pause"])
+            if "rate" in how:
+                plan.rates[index] = float(how["rate"])
+            if "pitch" in how:
+                plan.pitches[index] = float(how["pitch"])
+            if "speaker" in how:
+                model, voice, language = how["speaker"]
+                plan.speakers[index] = speaker(plan, model, voice, language)
+        if self.reading is not None:
+            spoken = Spanned.from_runs(self.reading["spoken"],
+                                       [tuple(run) for run in self.reading["runs"]])
+            source = plan.text if isinstance(plan.text, str) else ""
+            plan.prepared = Prepared(source, Compiled(spoken), bool(self.reading.get("ssml")))
+            plan.text = spoken.text
+            if self.reading.get("lead"):
+                plan.pauses[-1] = float(self.reading["lead"])

@@ -12,12 +12,15 @@ its `fleet` (the engine replicas' reports); `model_views()` reads either.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any, TypeVar
 
 from app.serving import collector
 from app.serving.budgets import (
@@ -41,7 +44,7 @@ from app.serving.job import JobContext, SpeechJob
 from app.serving.lexicons import LexiconLimits, LexiconStore
 from app.serving.memory import process_memory
 from app.serving.metrics import Metrics, registry_voice_ids
-from app.serving.plan import Speaker, SpeechPlan
+from app.serving.plan import CutRecord, Speaker, SpeechPlan
 from app.serving.record import RenderRecord
 from app.serving.render import LocalRenderer, Renderer
 from app.serving.scheduler import Lane
@@ -62,8 +65,21 @@ from engines.frontend.ipa import unsayable
 from engines.registry import EngineRegistry, ModelHandle, ModelStatus, SwitchResult
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 WARM_UP_TEXT = "Ready."
+
+
+THREAD_CHARS = 20_000
+"""Texts longer than this (a book's chapter) are cut in a worker thread: cutting two million
+characters takes seconds."""
+
+
+async def _off_loop(chars: int, work: Callable[..., T], *args: Any) -> T:
+    """`work(*args)`, in a worker thread when the text is long."""
+    if chars > THREAD_CHARS:
+        return await asyncio.to_thread(work, *args)
+    return work(*args)
 
 
 def split_speed(speed: float, native: tuple[float, float]) -> tuple[float, float]:
@@ -183,11 +199,13 @@ class SpeechService:
     # -- planning ----------------------------------------------------------------------------
 
     async def plan(self, *, model: str, text: str, voice: str | None = None, speed: float = 1.0,
-             language: str | None = None, instructions: str | None = None,
-             request_id: str | None = None, internal: bool = False,
-             timestamps: bool = False, whole: bool = False, client: str = "",
-             input_format: str | None = None, report: bool = False) -> SpeechPlan:
-        """A request checked against the model, its engine and the limits, cut into segments.
+                   language: str | None = None, instructions: str | None = None,
+                   request_id: str | None = None, internal: bool = False,
+                   timestamps: bool = False, whole: bool = False, client: str = "",
+                   input_format: str | None = None, report: bool = False,
+                   long: bool = False) -> SpeechPlan:
+        """A request checked against the model, its engine and the limits, cut into segments:
+        the one preparation step of every route, protocol and long-form job.
 
         `whole`: the client gets nothing before the whole clip is made (a route that answers
         with one file), so no segment is kept short for early audio: every one is packed up to
@@ -195,26 +213,37 @@ class SpeechService:
 
         `input_format`: `ssml`, `text`, or None to detect `<speak>`; SSML is compiled and the
         caller's lexicons applied (`app.text.prepared`); `report`: the plan keeps what each
-        span was read as."""
+        span was read as.
+
+        `long`: an item of long-form work (a job's chapter, a large batch's item): any length,
+        packed like a whole file up to `jobs_segment_chars`, word timings where the engine has
+        them, never cached, its segments yielding the engine to interactive requests; its audio
+        counts against the job's budget, not a request's. What the preparation made is kept
+        with the job (`SpeechPlan.cut_record`) and a part of it rendered later is planned from
+        that (`replan`), never prepared again."""
         ssml = detect(text, input_format)
         if not ssml and not any(ch.isalnum() for ch in text):
             raise InvalidParameter(
                 "'input' must contain text to speak (letters or digits)", param="input"
             )
         limit = self.settings.max_input_chars
-        if len(text) > limit:
+        if len(text) > limit and not long:
             raise InvalidParameter(
                 f"'input' is {len(text)} characters; the limit is {limit}",
                 param="input", code="string_above_max_length",
             )
+        if long:
+            timestamps = isinstance(self.registry.resolve(model).engine, TimedEngine)
         plan = self._plan(model, text, voice, speed, language, instructions, request_id,
                           timestamps)
         plan.internal = internal
         plan.client = client
         plan.report = report
+        plan.background, plan.cacheable = long, not long
+        most = self.settings.jobs_segment_chars if long else None
 
         def split(piece: str) -> list[str]:
-            return self.cut(plan, piece, whole=whole)
+            return self.cut(plan, piece, whole=whole or long, most=most)
 
         self._validate_voice(plan, "Hello.")
         lexicon = None if internal else await self.lexicons.lexicon(
@@ -225,7 +254,7 @@ class SpeechService:
                 raise InvalidParameter("the SSML has no text to speak (letters or digits)",
                                        param="input")
             self._check_silence(prepared)
-            pieces = cut(prepared, split)
+            pieces = await _off_loop(len(text), cut, prepared, split)
             plan.text, plan.prepared = prepared.text, prepared
             plan.segments, plan.offsets = pieces.segments, pieces.offsets
             plan.pauses, plan.rates = pieces.pauses, pieces.rates
@@ -236,12 +265,36 @@ class SpeechService:
             if phoneme_set is not None:
                 plan.warnings += unsayable(prepared.text, phoneme_set)
         else:
-            plan.segments = split(text)
+            plan.segments = await _off_loop(len(text), split, text)
             plan.offsets = segment_offsets(text, plan.segments)
         self._validate_voice(plan, plan.segments[0])
         if not internal:
             self._check_costs(plan, plan.text if isinstance(plan.text, str) else text)
         return plan
+
+    def replan(self, *, model: str, text: str, record: CutRecord, end: int, start: int,
+               voice: str | None = None, speed: float = 1.0, language: str | None = None,
+               instructions: str | None = None, request_id: str | None = None,
+               client: str = "") -> SpeechPlan:
+        """Segments `start` to `end` of a long-form item planned before (`plan(long=True)`),
+        from the cut it made then (`record`): a resumed or parallel part renders exactly the
+        segments planned, joined as the whole would be, whatever lexicons or settings say now.
+        """
+        handle = self.registry.resolve(model)
+        plan = self._plan(model, text, voice, speed, language, instructions, request_id,
+                          timestamps=isinstance(handle.engine, TimedEngine))
+        plan.client = client
+        plan.background, plan.cacheable = True, False
+        record.apply(plan, end, self._stored_speaker)
+        plan.start = start
+        self._validate_voice(plan, plan.segments[0])
+        return plan
+
+    def _stored_speaker(self, plan: SpeechPlan, model: str, voice: str, language: str | None
+                        ) -> Speaker:
+        handle = self.registry[model]
+        native, stretch = split_speed(plan.speed, handle.engine.capabilities.speed_range)
+        return Speaker(handle, voice, native, stretch, language)
 
     def _check_silence(self, prepared: Prepared) -> None:
         """The silence the SSML breaks ask for in all, against its budget."""
@@ -258,9 +311,10 @@ class SpeechService:
         settings = self.settings
         breaks = sum(plan.prepared.compiled.breaks.values()) if plan.prepared else 0.0
         plan.least_seconds = breaks + speech_floor(spoken, plan.speed)
-        check_audio(plan.least_seconds, settings.max_audio_seconds, "max_audio_seconds",
-                    "The input")
-        plan.audio_limit = AudioLimit(settings.max_audio_seconds)
+        if not plan.background:  # (long-form work counts against its job's budget)
+            check_audio(plan.least_seconds, settings.max_audio_seconds, "max_audio_seconds",
+                        "The input")
+            plan.audio_limit = AudioLimit(settings.max_audio_seconds)
         if plan.report and plan.prepared is not None:
             size = len(json.dumps(plan.prepared.report, separators=(",", ":")))
             limit = settings.max_response_header_bytes
@@ -305,8 +359,8 @@ class SpeechService:
         """Refuse now, with a 429 before a byte is sent, a switch to a model that takes no new
         request from this client: its run would wait for a place behind the client's own
         requests. (A model that cannot load fails the job before its first byte: `_ready`.)"""
-        if self.fleet is not None:  # Serve admits on a cluster
-            return
+        if self.fleet is not None or plan.background:  # Serve admits on a cluster; a job's
+            return  # parts are admitted as they render (and wait when a model is full)
         for handle in sorted(handles, key=lambda h: h.id):
             handle.lane.admit(plan.client)
 
@@ -357,33 +411,6 @@ class SpeechService:
             first_max_chars=first,
             growth=self.settings.segment_growth,
         )
-
-    def plan_long(self, *, model: str, text: str, segments: list[str] | None = None,
-                  offsets: list[int] | None = None, voice: str | None = None,
-                  speed: float = 1.0, language: str | None = None,
-                  instructions: str | None = None, request_id: str | None = None,
-                  client: str = "", start: int = 0) -> SpeechPlan:
-        """A part of a long-form job (`app.jobs`): any length, packed like a whole file, word
-        timings where the engine has them, never cached, its segments yielding the engine to
-        interactive requests. `segments` and `offsets`, when given, are the cut made when the job
-        was made, so a resumed job renders exactly the segments it planned; `start` is the first
-        still to render."""
-        if not any(ch.isalnum() for ch in text):
-            raise InvalidParameter(
-                "'input' must contain text to speak (letters or digits)", param="input"
-            )
-        handle = self.registry.resolve(model)
-        plan = self._plan(model, text, voice, speed, language, instructions, request_id,
-                          timestamps=isinstance(handle.engine, TimedEngine))
-        plan.client = client
-        plan.segments = segments if segments is not None else self.cut(
-            plan, text, most=self.settings.jobs_segment_chars)
-        plan.offsets = offsets if offsets is not None else segment_offsets(text, plan.segments)
-        plan.start = start
-        plan.background = True
-        plan.cacheable = False
-        self._validate_voice(plan, plan.segments[0])
-        return plan
 
     def _voice_language(self, plan: SpeechPlan) -> str:
         for voice in plan.engine.voices():
@@ -533,8 +560,9 @@ class SpeechService:
         return dropped
 
     def _observe_load(self, model_id: str, status: ModelStatus) -> None:
-        if status is ModelStatus.READY and self.settings.gc_freeze:
-            collector.settle()  # a model loaded while serving: its objects out of sight too
+        if status is ModelStatus.READY:
+            if self.settings.gc_freeze:  # a model loaded while serving: out of sight too
+                collector.settle()
             seconds = self.registry[model_id].load_seconds
             if seconds is not None:
                 self.metrics.load_seconds.labels(model_id).observe(seconds)

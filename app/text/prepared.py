@@ -26,19 +26,17 @@ class Prepared:
     source: str
     """The client's text (SSML and all)."""
     compiled: Compiled
+    markup: bool = False
+    """Whether `source` is SSML (else a plain text a lexicon changed)."""
 
     @property
     def text(self) -> str:
         return self.compiled.text
 
     @property
-    def ssml(self) -> bool:
-        return self.compiled.spoken.text != self.source or bool(self.compiled.readings)
-
-    @property
     def display(self) -> str:
         """`source` with its markup blanked (same length): captions quote it."""
-        return _TAG.sub(lambda m: " " * len(m[0]), self.source)
+        return blank_markup(self.source) if self.markup else self.source
 
     def source_span(self, start: int, end: int) -> tuple[int, int]:
         """The span of `source` that `text[start:end]` was made from."""
@@ -53,11 +51,17 @@ class Prepared:
 def prepare(text: str, *, input_format: str | None = None, lexicon: Lexicon | None = None,
             language: str = "en") -> Prepared:
     """`text` compiled (SSML when it is) and with `lexicon` applied."""
-    compiled = compile_ssml(text) if detect(text, input_format) else Compiled(Spanned.of(text))
+    markup = detect(text, input_format)
+    compiled = compile_ssml(text) if markup else Compiled(Spanned.of(text))
     if lexicon is not None and lexicon:
         compiled.spoken, readings = lexicon.apply(compiled.spoken, text, language)
         compiled.readings += readings
-    return Prepared(text, compiled)
+    return Prepared(text, compiled, markup)
+
+
+def blank_markup(source: str) -> str:
+    """An SSML document with its tags blanked (the same length): what its words' spans quote."""
+    return _TAG.sub(lambda m: " " * len(m[0]), source)
 
 
 @dataclass
@@ -124,4 +128,4 @@ def cut(prepared: Prepared, split: Callable[[str], list[str]]) -> Cut:
     return result
 
 
-__all__ = ["Cut", "Prepared", "Reading", "cut", "prepare"]
+__all__ = ["Cut", "Prepared", "Reading", "blank_markup", "cut", "prepare"]

@@ -43,6 +43,35 @@ class Spanned:
     def __getitem__(self, key: slice) -> Spanned:
         return Spanned(self.text[key], self.starts[key], self.ends[key])
 
+    def runs(self) -> list[tuple[int, int, int, int]]:
+        """The spans, compactly, for storing: `(count, start, end, step)` runs, in which the
+        k-th character spans `start + step * k` to `end + step * k` (step 1 for characters
+        kept from the source, 0 for a replacement). A text read as written is one run."""
+        runs: list[tuple[int, int, int, int]] = []
+        for start, end in zip(self.starts, self.ends, strict=True):
+            if runs:
+                count, first, last, step = runs[-1]
+                if count == 1 and (start, end) in ((first + 1, last + 1), (first, last)):
+                    runs[-1] = (2, first, last, start - first)
+                    continue
+                if count > 1 and (start, end) == (first + step * count, last + step * count):
+                    runs[-1] = (count + 1, first, last, step)
+                    continue
+            runs.append((1, start, end, 1))
+        return runs
+
+    @classmethod
+    def from_runs(cls, text: str, runs: list[tuple[int, int, int, int]]) -> Spanned:
+        """The `Spanned` whose `runs()` these are."""
+        starts: list[int] = []
+        ends: list[int] = []
+        for count, start, end, step in runs:
+            starts.extend(start + step * k for k in range(count))
+            ends.extend(end + step * k for k in range(count))
+        if len(starts) != len(text):
+            raise ValueError(f"{len(starts)} spans for {len(text)} characters")
+        return cls(text, tuple(starts), tuple(ends))
+
     def source_span(self, i: int, j: int) -> tuple[int, int]:
         """The source span `text[i:j]` was made from; an empty piece is where it would stand."""
         if j > i:

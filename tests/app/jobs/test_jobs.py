@@ -4,6 +4,7 @@ cancel; jobs seen only by the key that made them; a book of more than 1,000 segm
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -178,30 +179,36 @@ def test_jobs_segment_chars_bounds_a_job_segment(espeak_server: LiveServer,
     """How long an interactive request may wait behind a job is one of its segments."""
     service = espeak_server.app.state.service
     text = PARAGRAPH * 40
-    whole = service.plan_long(model="espeak", text=text).segments
+    whole = asyncio.run(service.plan(model="espeak", text=text, long=True)).segments
     monkeypatch.setattr(service.settings, "jobs_segment_chars", 120)
-    short = service.plan_long(model="espeak", text=text).segments
+    short = asyncio.run(service.plan(model="espeak", text=text, long=True)).segments
     assert max(map(len, whole)) > 300 and max(map(len, short)) <= 120
     assert " ".join(short).split() == text.split()
 
 
+@pytest.mark.parametrize("ssml", [False, True], ids=["text", "ssml"])
 def test_a_chapter_rendered_in_parts_at_once_is_the_chapter_rendered_in_order(
-        espeak_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+        espeak_server: LiveServer, monkeypatch: pytest.MonkeyPatch, ssml: bool) -> None:
     """`jobs_parallel` (on a cluster: one part per engine replica) renders a chapter's segments
     as parts at once; each part's plan ends where the part does, and the chapter joins sample
-    for sample as the one rendered in order does (eSpeak NG is deterministic)."""
+    for sample as the one rendered in order does (eSpeak NG is deterministic), SSML breaks and
+    tempo included (each part is planned from the cut the job stored)."""
     runner = espeak_server.app.state.jobs
     service = runner.service
     monkeypatch.setattr(service.settings, "jobs_segment_chars", 120)
     text = PARAGRAPH * 12
+    if ssml:
+        text = ('<speak><break time="1s"/>' + PARAGRAPH * 4 + '<break time="700ms"/>'
+                '<prosody rate="slow">' + PARAGRAPH * 4 + "</prosody>" + PARAGRAPH * 4
+                + '<break time="2s"/></speak>')
     starts: list[int] = []
-    plan_long = service.plan_long
+    replan = service.replan
 
     def spied(**fields: object) -> object:
         starts.append(int(fields.get("start", 0)))  # type: ignore[call-overload]
-        return plan_long(**fields)
+        return replan(**fields)
 
-    monkeypatch.setattr(service, "plan_long", spied)
+    monkeypatch.setattr(service, "replan", spied)
     audio = {}
     with espeak_server.client(headers=KEY_A) as client:
         for parallel in (1, 3):
@@ -211,8 +218,7 @@ def test_a_chapter_rendered_in_parts_at_once_is_the_chapter_rendered_in_order(
             done = wait_job(client, str(job["id"]))
             assert done["status"] == "done", done
             audio[parallel] = decode(client.get(done["chapters"][0]["audio"]).content, "wav")
-            parts = sorted(starts[1:])  # the first plan_long cut the job when it was made
-            assert len(parts) == (1 if parallel == 1 else 3), starts
+            assert len(starts) == (1 if parallel == 1 else 3), starts
     assert audio[1].duration > 10
     assert np.array_equal(audio[1].samples, audio[3].samples)
 
