@@ -36,6 +36,7 @@ from app.serving.render import Renderer
 from app.serving.scheduler import Lane
 from app.serving.service import SpeechService
 from app.settings import Settings
+from app.text import language
 from engines.base import lane_concurrency
 from engines.onnx import CUDA, RuntimeOptions, check_providers, usable_cores
 from engines.plugin import UnknownEngine, build_engine
@@ -89,6 +90,8 @@ async def _preload(app: FastAPI, service: SpeechService) -> None:
         if service.settings.gc_freeze:  # what is loaded now, out of the collector's sight
             collector.settle(collect=True)
         app.state.ready.set()
+    if service.languages is not None:  # the first request on an OpenAI name pays no load
+        await asyncio.to_thread(language.load)
 
 
 def create_app(settings: Settings | None = None, *, renderer: Renderer | None = None,
@@ -101,7 +104,8 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
     if renderer is None:  # a missing CUDA shows in /health before the first model loads
         check_providers(runtime)  # (on a cluster the engine replicas run onnxruntime, not here)
     registry = build_registry(settings, catalogue, runtime)
-    service = SpeechService(settings, registry, renderer=renderer, fleet=fleet)
+    service = SpeechService(settings, registry, renderer=renderer, fleet=fleet,
+                            languages=catalogue.languages)
     outputs = Outputs(settings.outputs_dir) if settings.outputs_dir else None
     runner = JobRunner(service, settings, on_done=None if outputs is None else (
         lambda store, job: keep_job(outputs, store, job, settings.chapter_pause_ms)))

@@ -68,9 +68,10 @@ class ClusterWyoming:
         settings = self.settings
         self._loop, self._stopping = asyncio.get_running_loop(), asyncio.Event()
         renderer = _renderer(settings)
-        registry = build_registry(settings, Catalogue.load(settings.catalogue_path),
-                                  runtime_options(settings))
-        service = SpeechService(settings, registry, renderer=renderer, fleet=renderer)
+        catalogue = Catalogue.load(settings.catalogue_path)
+        registry = build_registry(settings, catalogue, runtime_options(settings))
+        service = SpeechService(settings, registry, renderer=renderer, fleet=renderer,
+                                languages=catalogue.languages)
         try:
             server = await start_server(service, settings)
             self._started.set()

@@ -14,7 +14,7 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import Response
 
-from app.audio.encoders import content_type, encode_whole, output_rate
+from app.audio.encoders import StreamEncoder, content_type, encode_whole, output_rate
 from app.protocols.openai import job_headers
 from app.serving.events import SegmentWords
 from app.serving.job import SpeechJob
@@ -52,6 +52,31 @@ async def whole_timed(job: SpeechJob, request: Request | None = None
         raise InvalidParameter("The input has nothing speakable in it", param="input",
                                code="empty_audio")
     return np.concatenate(chunks), words
+
+
+async def whole_encoded(job: SpeechJob, encoder: StreamEncoder, request: Request | None = None
+                        ) -> tuple[list[bytes], list[WordTiming]]:
+    """`whole_timed`'s clip as `encoder` encodes it, a chunk at a time as the job makes them
+    (in worker threads), in pieces: what is held is the encoded clip once, not its float
+    samples twice over."""
+    pieces: list[bytes] = []
+    words: list[WordTiming] = []
+    async with job:
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, job)) if request else None
+        try:
+            async for event in job.events():
+                if isinstance(event, np.ndarray):
+                    pieces.append(await asyncio.to_thread(encoder.encode, event))
+                elif isinstance(event, SegmentWords):
+                    words += event.words
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+    if not any(pieces):
+        raise InvalidParameter("The input has nothing speakable in it", param="input",
+                               code="empty_audio")
+    pieces.append(await asyncio.to_thread(encoder.finish))
+    return pieces, words
 
 
 def compact(value: object) -> str:

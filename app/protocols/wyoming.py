@@ -89,6 +89,8 @@ MAX_EVENT_BYTES = 64 * 1024
 less); asyncio's line limit is the same."""
 
 
+MAX_DESCRIBES = 8
+"""`describe` events answered on one connection (Home Assistant sends one)."""
 LINGER_S = 1.0
 """How long a closing connection waits for its client to close too (see `_close`)."""
 
@@ -232,6 +234,7 @@ class WyomingHandler(AsyncEventHandler):
         `synthesize` a streaming client sends for older servers is then not a new request)."""
         self._stream: SpeechJob | None = None
         self._speaking: asyncio.Task[None] | None = None
+        self._describes = 0
         self._overflow: VoxMuxError | None = None
         """Why the stream's text was refused (too much waiting): its error, told once."""
 
@@ -331,6 +334,9 @@ class WyomingHandler(AsyncEventHandler):
 
     async def handle_event(self, event: Event) -> bool:
         if Describe.is_type(event.type):
+            self._describes += 1
+            if self._describes > MAX_DESCRIBES:  # (27 KB each: a flood of them is 1,400x out)
+                raise BadEvent(f"more than {MAX_DESCRIBES} describe events on one connection")
             await self.write_event(info(self.service).event())
         elif SynthesizeStart.is_type(event.type):
             await self._start(SynthesizeStart.from_event(event))

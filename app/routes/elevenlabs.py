@@ -5,14 +5,13 @@ keys as `xi-api-key` (or `Authorization: Bearer`)."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, WebSocket
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from app.audio.encoders import StreamEncoder
@@ -20,9 +19,9 @@ from app.http.auth import MESSAGE, authenticator
 from app.http.clients import client_id
 from app.http.errors import InvalidApiKey, NoSuchVoice, shape_errors
 from app.protocols import elevenlabs as el
-from app.protocols.captioned import encoded_segments, ndjson_line
+from app.protocols.captioned import audio_json, encoded_segments, ndjson_line
 from app.protocols.elevenlabs_ws import ElevenLabsFraming, StreamInput
-from app.protocols.native import whole_timed
+from app.protocols.native import whole_encoded
 from app.protocols.openai import JobResponse, audio_bytes, warnings_header
 from app.protocols.timestamps import alignment
 from app.routes.ws import idle_timeout, serve
@@ -97,16 +96,13 @@ def _chunk(job: SpeechJob, audio: bytes, words: list[WordTiming], start: int,
 async def convert_with_timestamps(voice_id: str, request: Request) -> Response:
     """The whole audio as base64 with the alignment of every character sent."""
     job, out = await _plan(request, voice_id, timestamps=True)
-    samples, words = await whole_timed(job, request)
     encoder = StreamEncoder(out.fmt, job.sample_rate, out.rate, out.bit_rate)
-
-    def body() -> bytes:  # encoding and base64 of minutes of audio: off the event loop
-        data = encoder.encode(samples) + encoder.finish()
-        return json.dumps(_chunk(job, data, words, 0, None), separators=(",", ":")).encode()
-
+    data, words = await whole_encoded(job, encoder, request)
+    aligned = alignment(job.plan.caption_text, words, 0, None, 0.0)
     headers = {"X-VoxMux-Warnings": warnings_header(job.plan.warnings)} if job.plan.warnings else {}
-    return Response(await asyncio.to_thread(body), media_type="application/json",
-                    headers=headers)
+    return StreamingResponse(
+        audio_json("audio_base64", data, {"alignment": aligned, "normalized_alignment": aligned}),
+        media_type="application/json", headers=headers)
 
 
 async def stream_with_timestamps(voice_id: str, request: Request) -> Response:

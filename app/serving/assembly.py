@@ -24,6 +24,8 @@ from app.text.split import join_kind
 from engines.base import Audio, WordTiming
 
 PAUSE_SHARE = {"sentence": 1.0, "clause": 0.5, "word": 0.0}
+CHUNK_SECONDS = 2.0
+"""Longest audio chunk a reader gets at once."""
 """The share of the sentence pause that follows a segment, by how the segment ends."""
 
 
@@ -127,9 +129,14 @@ class Assembly:
             yield joined
 
     def events(self, joined: Joined) -> Iterator[JobEvent]:
+        """What a reader gets of a piece; its audio in chunks of at most `CHUNK_SECONDS` (a
+        slow segment can be minutes long, and each chunk is encoded and framed at once)."""
         if self._plan.timestamps:
             yield SegmentWords(joined.index, joined.text, self._placed(joined))
-        yield from joined.chunks
+        most = round(CHUNK_SECONDS * self._rate)
+        for chunk in joined.chunks:
+            for start in range(0, len(chunk), most):
+                yield chunk[start:start + most]
         yield SegmentEnd(joined.index, joined.text, joined.samples)
 
     def _placed(self, joined: Joined) -> Words:

@@ -29,27 +29,64 @@ class ElevenLabsVoice:
 
 
 @dataclass(frozen=True)
+class LanguageModels:
+    """OpenAI's model names, which speak the language they are given: the model for each
+    language (`*`: any other)."""
+
+    names: tuple[str, ...]
+    models: dict[str, str]
+
+    def model_for(self, language: str) -> str:
+        base = language.split("-")[0].lower()
+        return self.models.get(base) or self.models["*"]
+
+    @property
+    def english(self) -> str:
+        return self.models.get("en") or self.models["*"]
+
+
+@dataclass(frozen=True)
 class Catalogue:
     models: dict[str, ModelEntry]
     voice_aliases: dict[str, str] = field(default_factory=dict)
     elevenlabs_voices: dict[str, ElevenLabsVoice] = field(default_factory=dict)
+    languages: LanguageModels | None = None
+    """`[openai] models` and `[openai.languages]`; None when the catalogue has no such table
+    (then OpenAI's names are whatever aliases say)."""
 
     @classmethod
     def load(cls, path: Path) -> Catalogue:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
         aliases = {str(k): str(v) for k, v in data.get("voice_aliases", {}).items()}
+        languages = _languages(data.get("openai", {}), set(data["models"]))
         models = {
             model_id: ModelEntry(
                 id=model_id,
                 engine=entry["engine"],
                 description=entry.get("description", ""),
                 default_voice=entry["default_voice"],
-                aliases=tuple(entry.get("aliases", ())),
+                aliases=tuple(entry.get("aliases", ())) + (
+                    languages.names
+                    if languages is not None and model_id == languages.english else ()),
                 voice_map=_voice_map(dict(entry.get("voices", {})), aliases),
             )
             for model_id, entry in data["models"].items()
         }
-        return cls(models, aliases, _elevenlabs(data.get("elevenlabs_voices", {}), models))
+        return cls(models, aliases, _elevenlabs(data.get("elevenlabs_voices", {}), models),
+                   languages)
+
+
+def _languages(openai: dict[str, object], models: set[str]) -> LanguageModels | None:
+    """`[openai] models` and `[openai.languages]`, each language's model checked to exist."""
+    names, table = openai.get("models"), openai.get("languages")
+    if not isinstance(names, list) or not names or not isinstance(table, dict):
+        return None
+    chosen = {str(language): str(model) for language, model in table.items()}
+    unknown = sorted(set(chosen.values()) - models)
+    if unknown or "*" not in chosen:
+        raise ValueError(f"catalogue: [openai.languages] must name models of the catalogue "
+                         f"and a '*' for every other language (unknown: {unknown})")
+    return LanguageModels(tuple(str(n) for n in names), chosen)
 
 
 def _elevenlabs(table: dict[str, dict[str, str]], models: dict[str, ModelEntry]

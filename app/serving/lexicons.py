@@ -1,11 +1,11 @@
 """Where lexicons live: the deployment file, and each key's lexicons as JSON under the data dir.
 
 A key's lexicons apply to every request made with that key (requests without a key share the
-`open` owner). Files are written atomically. What a request applies is compiled once per owner,
-language, model and voice (`lexicon()`), in a thread of this store's own, and reused until one of
-the owner's files or the deployment file changes: a request pays a directory listing, never a
-file read or a regex compile. How many lexicons and entries an owner keeps is bounded (the
-`lexicons_max_*` settings), so one owner's compile is bounded too.
+`open` owner). Files are written atomically. What a request applies is read and made once per
+owner, language and the scopes its entries name (`lexicon()`), in threads of this store's own,
+and reused until one of the owner's files or the deployment file changes: a request pays a
+directory listing, never a file read or a compile. How many lexicons and entries an owner keeps
+is bounded (the `lexicons_max_*` settings).
 
 The file methods (`list`, `get`, `put`, `delete`) block: call them off the event loop.
 """
@@ -20,9 +20,11 @@ import re
 import tempfile
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from app.serving.budgets import OverBudget
 from app.text.lexicon import Entry, Lexicon, check_entry, load_toml
@@ -32,9 +34,11 @@ log = logging.getLogger(__name__)
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 COMPILED_KEPT = 256
-"""Compiled lexicons kept (owner, language, model and voice each make one); the least recently
-used goes first."""
+"""Owners' entries and compiled lexicons kept; the least recently used goes first."""
 
+T = TypeVar("T")
+Entries = dict[str, dict[str, list[Entry]]]
+"""Language -> scope (`""`, a model, `model:voice`) -> entries, in the order they override."""
 Version = tuple[object, ...]
 """What a compiled lexicon was made from: the files' names, sizes and times, and this store's
 own count of writes (a file rewritten within the file system's clock tick keeps its time)."""
@@ -69,36 +73,64 @@ class LexiconStore:
         """Guards writes (a bound checked and the file written as one step) and the caches."""
         self._writes = 0
         self._deployment: tuple[Version, list[Entry]] = ((), [])
-        self._compiled: OrderedDict[tuple[object, ...], Future[Lexicon]] = OrderedDict()
-        self._compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lexicons")
+        self._made_for: OrderedDict[tuple[object, ...], Future[Any]] = OrderedDict()
+        self._makers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="lexicons")
 
     def close(self) -> None:
-        self._compiler.shutdown(wait=False, cancel_futures=True)
+        self._makers.shutdown(wait=False, cancel_futures=True)
 
     # -- what a request applies ----------------------------------------------------------------
 
     async def lexicon(self, client: str, language: str, model: str, voice: str) -> Lexicon:
         """The entries that apply to a request of `client` in `language` to `model`'s `voice`,
-        compiled; made once and reused until a file it was made from changes."""
+        made once per owner, language and the scopes that apply (`model`, `model:voice`: only
+        those the owner's entries name, so voices without entries of their own share one), and
+        reused until a file they were made from changes."""
         owner = owner_of(client)
         version = await asyncio.to_thread(self._version, owner)
-        key = (owner, version, language.split("-")[0].lower(), model, voice)
+        entries = await self._made(("entries", owner, version), self._entries, owner)
+        base = language.split("-")[0].lower()
+        scopes = tuple(sorted({"", model, f"{model}:{voice}"} & entries.get(base, {}).keys()))
+        return await self._made(("lexicon", owner, version, base, scopes), self._lexicon,
+                                entries.get(base, {}), scopes)
+
+    async def _made(self, key: tuple[object, ...], make: Callable[..., T], *args: Any) -> T:
+        """`make(*args)` in the store's threads, once for `key` while it is kept (the
+        requests asking meanwhile wait for the same one); a failure is made again next time."""
         with self._lock:
-            future = self._compiled.get(key)
+            future = self._made_for.get(key)
             if future is None:
-                future = self._compiler.submit(self._compile, owner, language, model, voice)
-                self._compiled[key] = future
-                while len(self._compiled) > COMPILED_KEPT:
-                    self._compiled.popitem(last=False)
+                future = self._makers.submit(make, *args)
+                self._made_for[key] = future
+                while len(self._made_for) > COMPILED_KEPT:
+                    self._made_for.popitem(last=False)
             else:
-                self._compiled.move_to_end(key)
+                self._made_for.move_to_end(key)
         try:
-            return await asyncio.wrap_future(future)
+            made: T = await asyncio.wrap_future(future)
+            return made
         except BaseException:
-            with self._lock:  # a failed compile is tried again by the next request
-                if self._compiled.get(key) is future and future.done():
-                    del self._compiled[key]
+            with self._lock:
+                if self._made_for.get(key) is future and future.done():
+                    del self._made_for[key]
             raise
+
+    def _entries(self, owner: str) -> Entries:
+        """The deployment's entries and the owner's, by language and scope, in the order they
+        override one another (the deployment first, then the owner's lexicons by name)."""
+        found: Entries = {}
+        sources = [*self._deployment_entries(), *(
+            Entry(word, reading, str(item["language"]), str(item.get("scope") or ""))
+            for item in self.list(owner)
+            for word, reading in dict(item["entries"]).items())]  # type: ignore[call-overload]
+        for entry in sources:
+            base = entry.language.split("-")[0].lower()
+            found.setdefault(base, {}).setdefault(entry.scope, []).append(entry)
+        return found
+
+    @staticmethod
+    def _lexicon(scoped: dict[str, list[Entry]], scopes: tuple[str, ...]) -> Lexicon:
+        return Lexicon([entry for scope in scopes for entry in scoped[scope]])
 
     def _version(self, owner: str) -> Version:
         files: list[tuple[str, int, int]] = []
@@ -124,16 +156,6 @@ class LexiconStore:
             entries = load_toml(self.deployment_path) if version else []  # type: ignore[arg-type]
             self._deployment = (version, entries)
         return self._deployment[1]
-
-    def _compile(self, owner: str, language: str, model: str, voice: str) -> Lexicon:
-        entries = [e for e in self._deployment_entries() if e.applies(language, model, voice)]
-        for item in self.list(owner):
-            scope = str(item.get("scope") or "")
-            for word, reading in dict(item["entries"]).items():  # type: ignore[call-overload]
-                entry = Entry(word, reading, str(item["language"]), scope)
-                if entry.applies(language, model, voice):
-                    entries.append(entry)
-        return Lexicon(entries)
 
     # -- an owner's files ------------------------------------------------------------------------
 

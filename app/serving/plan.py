@@ -79,6 +79,12 @@ class SpeechPlan:
     ends_item: bool = True
     """Whether the last of `segments` ends the text (a part of a long-form item that stops
     before its end: False, and a break after its last segment is the next part's to make)."""
+    routed: str | None = None
+    """One of OpenAI's model names the request asked for, when it chose this model by the
+    text's language (`SpeechService._route`)."""
+    asked_voice: str | None = None
+    """The voice as a routed request named it (an OpenAI name), for an SSML <lang> stretch
+    another model reads."""
     audio_limit: AudioLimit | None = None
     """The most audio the request may make (`app.serving.budgets`); None: no bound of its own
     (a long-form job's part: the job counts its whole)."""

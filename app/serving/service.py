@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from app.serving.budgets import (
     speech_floor,
 )
 from app.serving.cache import AudioCache, open_cache
+from app.serving.catalogue import LanguageModels
 from app.serving.fleet import (
     DeploymentStatus,
     Fleet,
@@ -51,7 +53,9 @@ from app.serving.scheduler import Lane
 from app.serving.tracking import RequestRecord, ServingStats
 from app.settings import Settings
 from app.text.feed import TextFeed
-from app.text.prepared import Prepared, cut, prepare
+from app.text.language import language_of
+from app.text.lexicon import Lexicon
+from app.text.prepared import Cut, Prepared, cut, prepare
 from app.text.split import first_sentence, segment_offsets, split_text
 from app.text.ssml import detect
 from engines.base import (
@@ -61,6 +65,7 @@ from engines.base import (
     TimedEngine,
     VoiceNotFound,
 )
+from engines.frontend.detect import split_runs
 from engines.frontend.ipa import unsayable
 from engines.registry import EngineRegistry, ModelHandle, ModelStatus, SwitchResult
 
@@ -70,6 +75,12 @@ T = TypeVar("T")
 WARM_UP_TEXT = "Ready."
 
 
+_TAG = re.compile(r"<[^>]*>")
+MAX_VOICE_CHARS = 200
+"""Longest voice a request names (a Kokoro blend of ten voices fits): it is echoed in
+`X-VoxMux-Voice`, and each part of a blend is checked."""
+EXPANSION = 4
+"""What SSML and lexicons make of an input may be this many times longer than its limit."""
 THREAD_CHARS = 20_000
 """Texts longer than this (a book's chapter) are cut in a worker thread: cutting two million
 characters takes seconds."""
@@ -92,8 +103,11 @@ def split_speed(speed: float, native: tuple[float, float]) -> tuple[float, float
 class SpeechService:
     def __init__(self, settings: Settings, registry: EngineRegistry[Lane], *,
                  cache: AudioCache | None = None, stats: ServingStats | None = None,
-                 renderer: Renderer | None = None, fleet: Fleet | None = None) -> None:
+                 renderer: Renderer | None = None, fleet: Fleet | None = None,
+                 languages: LanguageModels | None = None) -> None:
         self.settings = settings
+        self.languages = languages
+        """Which model speaks each language for OpenAI's model names (`_route`)."""
         self.registry = registry
         """Every model's handle: catalogue entry and engine adapter (planning, voices); on a
         cluster the engines are loaded on the replicas, never here."""
@@ -232,10 +246,14 @@ class SpeechService:
                 f"'input' is {len(text)} characters; the limit is {limit}",
                 param="input", code="string_above_max_length",
             )
+        asked, asked_voice = model, voice
+        model, voice, language = await self._route(model, text, voice, language, ssml)
         if long:
             timestamps = isinstance(self.registry.resolve(model).engine, TimedEngine)
         plan = self._plan(model, text, voice, speed, language, instructions, request_id,
                           timestamps)
+        if model != asked:  # one of OpenAI's names: it spoke the text's language
+            plan.routed, plan.asked_voice = asked, asked_voice
         plan.internal = internal
         plan.client = client
         plan.report = report
@@ -246,24 +264,19 @@ class SpeechService:
             return self.cut(plan, piece, whole=whole or long, most=most)
 
         self._validate_voice(plan, "Hello.")
+        if not (internal or ssml or plan.routed):
+            self._check_script(plan, text)
         lexicon = None if internal else await self.lexicons.lexicon(
             client, language or self._voice_language(plan), plan.model_id, plan.voice)
-        if ssml or lexicon:
-            prepared = prepare(text, input_format="ssml" if ssml else "text", lexicon=lexicon)
-            if not any(ch.isalnum() for ch in prepared.text):
-                raise InvalidParameter("the SSML has no text to speak (letters or digits)",
-                                       param="input")
-            self._check_silence(prepared)
-            pieces = await _off_loop(len(text), cut, prepared, split)
+        if ssml or lexicon:  # (what they make can be far longer than what was sent)
+            prepared, pieces, unsaid = await asyncio.to_thread(
+                self._prepare, plan, text, ssml, lexicon, split, long)
             plan.text, plan.prepared = prepared.text, prepared
             plan.segments, plan.offsets = pieces.segments, pieces.offsets
             plan.pauses, plan.rates = pieces.pauses, pieces.rates
             plan.pitches = pieces.pitches
             plan.speakers = self._speakers(plan, pieces.voices, pieces.languages)
-            plan.warnings += prepared.compiled.warnings
-            phoneme_set = getattr(plan.engine, "phoneme_set", None)
-            if phoneme_set is not None:
-                plan.warnings += unsayable(prepared.text, phoneme_set)
+            plan.warnings += [*prepared.compiled.warnings, *unsaid]
         else:
             plan.segments = await _off_loop(len(text), split, text)
             plan.offsets = segment_offsets(text, plan.segments)
@@ -295,6 +308,29 @@ class SpeechService:
         handle = self.registry[model]
         native, stretch = split_speed(plan.speed, handle.engine.capabilities.speed_range)
         return Speaker(handle, voice, native, stretch, language)
+
+    def _prepare(self, plan: SpeechPlan, text: str, ssml: bool, lexicon: Lexicon | None,
+                 split: Callable[[str], list[str]], long: bool) -> tuple[Prepared, Cut, list[str]]:
+        """SSML compiled and the lexicon applied, checked, cut; and what the engine cannot say
+        of the readings. Blocking (a worker thread): a 4,096-character input whose words a
+        lexicon reads as 200 characters each made 420,000 characters to cut and check."""
+        prepared = prepare(text, input_format="ssml" if ssml else "text", lexicon=lexicon)
+        if not any(ch.isalnum() for ch in prepared.text):
+            raise InvalidParameter("the SSML has no text to speak (letters or digits)",
+                                   param="input")
+        limit = EXPANSION * (self.settings.jobs_max_chars if long
+                             else self.settings.max_input_chars)
+        if len(prepared.text) > limit:
+            field = "jobs_max_chars" if long else "max_input_chars"
+            raise OverBudget("The input as its SSML and lexicons read it",
+                             f"{len(prepared.text):,} characters",
+                             f"{limit:,} characters ({EXPANSION} times the input's limit)",
+                             env_name(field))
+        self._check_silence(prepared)
+        pieces = cut(prepared, split)
+        phoneme_set = getattr(plan.engine, "phoneme_set", None)
+        unsaid = unsayable(prepared.text, phoneme_set) if phoneme_set is not None else []
+        return prepared, pieces, unsaid
 
     def _check_silence(self, prepared: Prepared) -> None:
         """The silence the SSML breaks ask for in all, against its budget."""
@@ -340,8 +376,14 @@ class SpeechService:
                 raise InvalidParameter(
                     f"The {handle.id} engine (an SSML <voice>) reports no word timings; ask "
                     "without timestamps", param="timestamps", code="timestamps_unsupported")
+            language = languages.get(index, plan.language)
+            if plan.routed and index not in voices and language and self.languages:
+                # OpenAI's names: a <lang> stretch is read by that language's model.
+                handle = self.registry[self.languages.model_for(language)]
+                voice = self.resolve_voice(handle, plan.asked_voice)
+                language = self._told(handle.id, language)
             native, stretch = split_speed(plan.speed, handle.engine.capabilities.speed_range)
-            speaker = Speaker(handle, voice, native, stretch, languages.get(index, plan.language))
+            speaker = Speaker(handle, voice, native, stretch, language)
             if speaker.language != plan.language and not self._speaks(plan, speaker):
                 warning = (f"<lang xml:lang=\"{speaker.language}\"> is not read by the "
                            f"{handle.id} engine with voice {voice}; read in the voice's own "
@@ -354,6 +396,52 @@ class SpeechService:
                 speakers[index] = speaker
         self._check_switched(plan, {s.handle for s in speakers.values()} - {plan.handle})
         return speakers
+
+    async def _route(self, model: str, text: str, voice: str | None, language: str | None,
+                     ssml: bool) -> tuple[str, str | None, str | None]:
+        """(model, voice, language) that speak a request: as asked, but for OpenAI's model
+        names, which speak the language they are given. A voice id only one model has is
+        spoken by that model; else the catalogue's model for the request's `language`, or the
+        input's (`app.text.language`), speaks it, with the OpenAI voice name mapped onto it."""
+        table = self.languages
+        if table is None or model.strip() not in table.names:
+            return model, voice, language
+        owners = [h.id for h in self.registry.handles()
+                  if voice and any(v.id == voice for v in h.engine.voices())]
+        if len(owners) == 1:
+            return owners[0], voice, language
+        if language:
+            spoken = language
+        else:
+            spoken = await asyncio.to_thread(language_of, _TAG.sub(" ", text) if ssml else text)
+        target = table.model_for(spoken)
+        return target, voice, language or self._told(target, spoken)
+
+    def _told(self, model: str, language: str) -> str | None:
+        """The language a routed model is told to read: none for the model chosen for that
+        very language (it reads in its voices' own), the language for the model of the rest."""
+        table = self.languages
+        base = language.split("-")[0].lower()
+        return None if table is not None and table.models.get(base) == model else language
+
+    def _check_script(self, plan: SpeechPlan, text: str) -> None:
+        """A model asked for by its own id refuses text in a script it cannot read (it would
+        say nothing of it), naming the languages it reads and a model that reads this one."""
+        readable = {code.split("-")[0] for code in plan.engine.capabilities.languages}
+        if not readable:
+            return
+        for run in split_runs(text, self._voice_language(plan), plan.language):
+            base = run.language.split("-")[0]
+            if base in readable or not any(c.isalpha() for c in run.text):
+                continue
+            others = [h.id for h in self.registry.handles() if base in {
+                code.split("-")[0] for code in h.engine.capabilities.languages}]
+            suggestion = (f"ask for {others[0]}, or for tts-1, which picks the model by the "
+                          "text's language") if others else "no model here reads it"
+            raise InvalidParameter(
+                f"The {plan.model_id} model reads {', '.join(sorted(readable))}; this input has "
+                f"{base} text ({run.text.strip()[:20]!r}): {suggestion}", param="input",
+                code="unsupported_language")
 
     def _check_switched(self, plan: SpeechPlan, handles: set[ModelHandle[Lane]]) -> None:
         """Refuse now, with a 429 before a byte is sent, a switch to a model that takes no new
@@ -452,6 +540,9 @@ class SpeechService:
             )
         if not 0.25 <= speed <= 4.0:
             raise InvalidParameter("'speed' must be between 0.25 and 4.0", param="speed")
+        if voice is not None and len(voice) > MAX_VOICE_CHARS:
+            raise InvalidParameter(f"'voice' is {len(voice):,} characters; a voice id or blend is "
+                                   f"at most {MAX_VOICE_CHARS}", param="voice")
         warnings = []
         if instructions:
             warnings.append(f"instructions ignored: the {handle.id} engine has no style control")

@@ -14,9 +14,9 @@ import hashlib
 import json
 import re
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from xml.parsers import expat
 
 from app.text.ssml import Reading
@@ -59,43 +59,27 @@ def check_entry(word: str, reading: str) -> None:
                                param="entries")
 
 
-def trie_pattern(words: list[str]) -> str:
-    """A regular expression matching any of `words` (lower case), longest first: an
-    alternation nested along the words' shared beginnings, so a match is tried in time bounded
-    by the longest word, not by how many words there are (an alternation of 20,000 words took
-    150 ms over a 4,096-character text; this takes under 1 ms)."""
-    root: dict[str, Any] = {}
-    for word in words:
-        node = root
-        for char in word:
-            node = node.setdefault(char, {})
-        node[""] = {}
-
-    def emit(node: dict[str, Any]) -> str:
-        branches = [re.escape(char) + emit(child) for char, child in sorted(node.items())
-                    if char]
-        if not branches:
-            return ""
-        if len(branches) == 1 and "" not in node:
-            return branches[0]
-        group = "(?:" + "|".join(branches) + ")"
-        return group + "?" if "" in node else group  # greedy: the longer word is tried first
-
-    return emit(root)
-
-
 class Lexicon:
-    """The entries that apply to one request, compiled into one pattern (see `trie_pattern`)."""
+    """The entries that apply to one request, found in a text the way a reader finds a word:
+    at each place a word can begin, the longest entry written there that ends where a word can
+    end (never inside an inline reading, `[word](/ipa/)`), case aside.
+
+    Made in milliseconds however many entries there are (a dictionary of the words; a regular
+    expression of 20,000 words took seconds to compile), and applied in time bounded by the
+    text's length and the number of distinct entry lengths: a few milliseconds for 20,000
+    entries over 4,096 characters."""
 
     def __init__(self, entries: list[Entry]) -> None:
         by_word: dict[str, Entry] = {}
         for entry in entries:  # later sources (a key's own) override earlier ones
             by_word[entry.word.lower()] = entry
         self.entries = sorted(by_word.values(), key=lambda e: -len(e.word))
-        self._pattern = re.compile(
-            r"(?<![\w\[])(" + trie_pattern(list(by_word)) + r")(?![\w\]])",
-            re.IGNORECASE) if self.entries else None
         self._by_word = by_word
+        lengths: dict[str, set[int]] = {}
+        for word in by_word:
+            lengths.setdefault(word[0], set()).add(len(word))
+        self._lengths = {first: sorted(found, reverse=True) for first, found in lengths.items()}
+        """First character -> the lengths of the words it begins, longest first."""
 
     def __bool__(self) -> bool:
         return bool(self.entries)
@@ -105,26 +89,58 @@ class Lexicon:
         blob = json.dumps(sorted((e.word, e.reading) for e in self.entries), ensure_ascii=False)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
+    def find(self, text: str) -> Iterator[tuple[int, int, Entry]]:
+        """Where entries stand in `text`, left to right: (start, end, entry)."""
+        if not self._by_word:
+            return
+        lowered = _lower(text)
+        guarded = [m.span() for m in INLINE.finditer(text)]
+        size = len(text)
+        i = 0
+        while i < size:
+            lengths = self._lengths.get(lowered[i])
+            if lengths is None or (i and _joins(text[i - 1], "[")) or _inside(guarded, i):
+                i += 1
+                continue
+            for length in lengths:
+                end = i + length
+                if end <= size and (end == size or not _joins(text[end], "]")):
+                    entry = self._by_word.get(lowered[i:end])
+                    if entry is not None:
+                        yield i, end, entry
+                        i = end
+                        break
+            else:
+                i += 1
+
     def apply(self, text: Spanned, source: str, language: str) -> tuple[Spanned, list[Reading]]:
         """`text` with each lexicon word replaced by its reading (outside inline readings)."""
-        if self._pattern is None:
-            return text, []
-        guarded = [m.span() for m in INLINE.finditer(text.text)]
-        starts = [a for a, _ in guarded]
         readings: list[Reading] = []
-
-        def replace(match: re.Match[str]) -> str:
-            inside = bisect.bisect_right(starts, match.start()) - 1
-            if inside >= 0 and match.start() < guarded[inside][1]:
-                return match[0]
-            entry = self._by_word.get(match[0].lower())
-            if entry is None:  # a character whose lower case is longer (`İ`): left as written
-                return match[0]
-            start, end = text.source_span(*match.span())
+        edits: list[tuple[int, int, str]] = []
+        for begin, stop, entry in self.find(text.text):
+            start, end = text.source_span(begin, stop)
             readings.append(Reading(start, end, source[start:end], entry.reading, "lexicon"))
-            return entry.spoken(match[0])
+            edits.append((begin, stop, entry.spoken(text.text[begin:stop])))
+        return (text.splice(edits) if edits else text), readings
 
-        return text.sub(self._pattern, replace), readings
+
+def _lower(text: str) -> str:
+    """`text` in lower case, character for character (one whose lower case is longer, `İ`,
+    is kept: no entry can match across it)."""
+    lowered = text.lower()
+    if len(lowered) == len(text):
+        return lowered
+    return "".join(c if len(c.lower()) != 1 else c.lower() for c in text)
+
+
+def _joins(char: str, bracket: str) -> bool:
+    """Whether `char` beside an entry would make it part of a longer word (or a reading)."""
+    return char.isalnum() or char == "_" or char == bracket
+
+
+def _inside(spans: list[tuple[int, int]], at: int) -> bool:
+    index = bisect.bisect_right(spans, (at, float("inf"))) - 1
+    return index >= 0 and spans[index][0] <= at < spans[index][1]
 
 
 def load_toml(path: Path) -> list[Entry]:

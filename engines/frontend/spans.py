@@ -10,7 +10,7 @@ replacement every source character its match covered. `sub` works for any rule o
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 Replacer = Callable[[re.Match[str]], str]
@@ -86,15 +86,20 @@ class Spanned:
 
     def sub(self, pattern: re.Pattern[str], replace: Replacer) -> Spanned:
         """`pattern.sub(replace, text)`, with each replacement spanning what its match did."""
+        return self.splice((match.start(), match.end(), replace(match))
+                           for match in pattern.finditer(self.text))
+
+    def splice(self, edits: Iterable[tuple[int, int, str]]) -> Spanned:
+        """Each `(begin, stop, replacement)`, in order and not overlapping, put in place of
+        `text[begin:stop]`, spanning what that piece did; a piece kept as it was keeps its
+        own spans."""
         text, starts, ends = self.text, self.starts, self.ends
         out: list[str] = []
         new_starts: list[int] = []
         new_ends: list[int] = []
         position = 0
-        for match in pattern.finditer(text):
-            begin, stop = match.span()
-            replacement = replace(match)
-            if replacement == match[0]:
+        for begin, stop, replacement in edits:
+            if replacement == text[begin:stop]:
                 continue  # kept as it was: the characters keep their own spans
             out.append(text[position:begin])
             new_starts.extend(starts[position:begin])

@@ -349,3 +349,22 @@ def test_an_event_flood_leaves_the_server_responsive(limited: tuple[LiveServer, 
         flooding.clear()
     worst = probe.result(timeout=10)
     assert worst < 0.25, f"the server's loop stood still for {worst:.2f} s"
+
+
+def test_describe_is_answered_a_few_times_a_connection(limited: tuple[LiveServer, int]) -> None:
+    """Each `info` answer is 27 KB: 3,000 `describe` lines (60 KB) were answered with 83 MB.
+    Past `MAX_DESCRIBES` the connection gets an error and is closed."""
+    from app.protocols.wyoming import MAX_DESCRIBES
+
+    async def attempt() -> list[str]:
+        reader, writer = await _connect(limited[1], "127.0.9.1")
+        writer.write((json.dumps({"type": "describe"}) + "\n").encode() * 50)
+        await writer.drain()
+        kinds = []
+        while (event := await asyncio.wait_for(async_read_event(reader), 10)) is not None:
+            kinds.append(event.type)
+        writer.close()
+        return kinds
+
+    kinds = asyncio.run(attempt())
+    assert kinds == ["info"] * MAX_DESCRIBES + ["error"], kinds

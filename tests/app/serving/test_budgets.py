@@ -250,3 +250,15 @@ def test_a_batch_whose_client_hung_up_stops_rendering(tmp_path: Any) -> None:
         assert records[0]["status"] == "cancelled", records[0]
     finally:
         live.stop()
+
+
+def test_a_voice_of_twenty_thousand_blend_parts_is_refused(
+        live: tuple[LiveServer, int]) -> None:
+    """100,000 parts held the loop 8 s while each was checked, and were echoed in a 900 KB
+    header; 5,000 in a 45 KB one."""
+    with live[0].client() as client:
+        response = client.post("/v1/audio/speech", json={
+            "model": "kokoro", "input": "こんにちは。", "voice": "+".join(["jf_alpha"] * 20_000)})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "voice"
+    assert len(response.headers.get("x-voxmux-voice", "")) <= 200
