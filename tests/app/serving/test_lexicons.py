@@ -232,3 +232,14 @@ def test_a_reading_that_multiplies_the_text_is_refused_off_the_loop(flooded: Liv
     error = response.json()["error"]
     assert error["code"] == "over_budget" and "VOXMUX_MAX_INPUT_CHARS" in error["message"]
     assert probe.worst < 0.5, f"/health waited {probe.worst:.2f} s"
+
+
+def test_a_lexicon_of_many_bad_entries_is_refused_with_its_first_problem(
+        flooded: LiveServer) -> None:
+    """Each of 90,000 entries of the wrong type was named in the answer: a 16 MB body."""
+    with flooded.client() as client:
+        response = client.post("/v1/audio/lexicons", json={
+            "name": "bad", "language": "en", "entries": {f"w{n}": n for n in range(60_000)}})
+    assert response.status_code == 400
+    assert len(response.content) < 2000
+    assert response.json()["error"]["param"].startswith("entries")
