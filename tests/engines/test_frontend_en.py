@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+import unicodedata
+
 import pytest
 
-from engines.frontend.en import normalize
+from engines.frontend.en import digits, normalize
 
 SENTENCES = [
     ("$12.50 on 3/15", "twelve dollars and fifty cents on March fifteenth"),
@@ -66,12 +69,109 @@ SENTENCES = [
     ("Mail john.doe@example.com now", "Mail john dot doe at example dot com now"),
     ("Ｔｏｔａｌ　１２％", "Total twelve percent"),
     ("Rock & roll", "Rock and roll"),
+    # numbers glued to letters are still words of their own
+    ("Q3 sales of MP3 players, B2B.", "Q three sales of MP three players, B two B."),
+    ("She is in her 20s.", "She is in her twenties."),
+]
+
+UNICODE_NUMBERS = [
+    # vulgar fractions, alone and after a whole number
+    ("Add ½ cup of milk.", "Add one half cup of milk."),
+    ("It took 3½ hours.", "It took three and a half hours."),
+    ("Fill it ¾ full.", "Fill it three quarters full."),
+    ("About ⅓ of them agreed.", "About one third of them agreed."),
+    ("Use 2⅔ cups and ⅞ of a pint.", "Use two and two thirds cups and seven eighths of a pint."),
+    ("A 1⁄8 inch gap.", "A one eighth inch gap."),
+    # superscripts: areas and volumes after a unit, powers after anything else
+    ("The flat is 60 m².", "The flat is sixty square meters."),
+    ("It holds 2 m³ of water.", "It holds two cubic meters of water."),
+    ("A plot of 1 km2.", "A plot of one square kilometer."),
+    ("The price per m² rose.", "The price per square meter rose."),
+    ("Solve x² + y³ = z⁴.", "Solve x squared plus y cubed equals z to the power of four."),
+    ("It is 10⁻³ of that.", "It is ten to the power of minus three of that."),
+    ("E = mc²", "E equals mc squared"),
+    ("The city¹ grew.² It ¹ was", "The city grew. It one was"),  # footnote marks are skipped
+    # subscripts, circled and other numerals with a value, digits of other scripts
+    ("Water is H₂O and sugar C₆H₁₂O₆.", "Water is H two O and sugar C six H twelve O six."),
+    ("Steps ①, ② and ⑩.", "Steps one, two and ten."),
+    ("Read ⑴ and ⒉ first.", "Read one and two first."),
+    ("Chapter Ⅻ", "Chapter twelve"),
+    ("Arabic ٣٤ and Devanagari ३", "Arabic thirty-four and Devanagari three"),
+]
+
+MOVED = [
+    # rules hibari's own normalizer had and VoxMux's lacked: every English engine reads them now
+    ("It is 10:05:30 now.", "It is ten oh five and thirty seconds now."),
+    ("It's 5° outside.", "It's five degrees outside."),
+    ("It costs 50¢.", "It costs fifty cents."),
+    ("Pay USD 20 or EUR 5.", "Pay twenty dollars or five euros."),
+    ("Chapter IV begins.", "Chapter four begins."),
+    ("Henry VIII was king after World War II.",
+     "Henry the eighth was king after World War two."),
+    ("Run 5 mi in 1 hr, then rest 10 min.",
+     "Run five miles in one hour, then rest ten minutes."),
+    ("It uses 3 kW or 2 kWh over a 100 Mbps link at 60 fps.",
+     "It uses three kilowatts or two kilowatt hours over a one hundred megabits per second "
+     "link at sixty frames per second."),
+    ("Take 10 mcg daily; it is 5 nm wide.",
+     "Take ten micrograms daily; it is five nanometers wide."),
+    ("A 5 sq ft mat.", "A five square feet mat."),
+    ("x ± y, 3 × 4, 8 ÷ 2 and a → b", "x plus or minus y, three times four, eight divided by two "
+     "and a to b"),
+    ("See § 5, © Acme.", "See section five, copyright Acme."),
+    ("It takes ~5 minutes for 2^10 bytes.",
+     "It takes about five minutes for two to the power of ten bytes."),
+    ("Col. Mustard w/ Maj. Plum, aka Bob.", "Colonel Mustard with Major Plum, also known as Bob."),
+    ("See Vol. 3, Fig. 2 and Nos. 5 and 6.",
+     "See Volume three, Figure two and numbers five and six."),
 ]
 
 
 @pytest.mark.parametrize(("text", "expected"), SENTENCES)
 def test_english_is_normalized_as_read_aloud(text: str, expected: str) -> None:
     assert normalize(text) == expected
+
+
+@pytest.mark.parametrize(("text", "expected"), UNICODE_NUMBERS)
+def test_unicode_numbers_are_read_as_people_write_them(text: str, expected: str) -> None:
+    assert normalize(text) == expected
+
+
+@pytest.mark.parametrize(("text", "expected"), MOVED)
+def test_rules_from_hibaris_own_normalizer_serve_every_engine(text: str, expected: str) -> None:
+    assert normalize(text) == expected
+
+
+def numerals(blocks: list[tuple[int, int]]) -> list[str]:
+    """Every character of `blocks` with a numeric value that is not a letter (a Han numeral is
+    a word of its language): digits of every script, super- and subscripts, fractions, circled,
+    parenthesized and Roman numerals."""
+    return [chr(cp) for start, end in blocks for cp in range(start, end + 1)
+            if unicodedata.numeric(chr(cp), None) is not None
+            and unicodedata.category(chr(cp)) in ("Nd", "No", "Nl")]
+
+
+ALL_NUMERALS = numerals([(0, sys.maxunicode)])
+
+
+def _numeric_left(text: str) -> list[str]:
+    return [c for c in text if unicodedata.numeric(c, None) is not None
+            and unicodedata.category(c) in ("Nd", "No", "Nl")]
+
+
+@pytest.mark.parametrize("template", ["{c}", "x{c}", "It is 4{c} now.", "{c}{c}", "{c}:00",
+                                      "{c}/4", "$1{c}", "{c}.5 km", "3:0{c} pm"])
+def test_every_unicode_numeral_is_read_as_words(template: str) -> None:
+    """No character with a numeric value reaches an engine: each is read by its value (hibari's
+    G2P failed on `⑴` and `¹:00`; eSpeak NG reads few of them at all)."""
+    left = {c: _numeric_left(normalize(template.format(c=c))) for c in ALL_NUMERALS}
+    assert len(ALL_NUMERALS) > 1500
+    assert not {c: found for c, found in left.items() if found}
+
+
+def test_digits_reads_each_digit_by_its_value() -> None:
+    assert digits("x²①٣𝟕") == "two one three seven"
+    assert digits("½ and ⑩") == ""  # a value, but not one digit
 
 
 def test_text_without_numbers_or_abbreviations_is_unchanged() -> None:

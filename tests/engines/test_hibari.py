@@ -1,5 +1,6 @@
 """hibari in-process: its voices (the wheel's and a user's files, never a download), audio that is
-the package's own sample for sample, the graph's frame counts as timings, speed, the front end."""
+the package's own sample for sample on VoxMux's reading of the text, the graph's frame counts as
+timings, speed, the front end."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import socket
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -15,10 +17,11 @@ import pytest
 
 from app.audio.dsp import KEEP_MS, voiced_span
 from engines.base import InvalidParameter, SynthesisRequest, VoiceNotFound
-from engines.frontend.spans import Spanned
-from engines.hibari import DURATION_UNIT, DURATIONS, HOP, SEED, HibariEngine, normalize_spanned
+from engines.frontend import en
+from engines.hibari import DURATION_UNIT, DURATIONS, HOP, SEED, HibariEngine, Reader
 from engines.onnx import RuntimeOptions
 from tests.conftest import CACHE_DIR
+from tests.engines.test_frontend_en import ALL_NUMERALS
 
 SENTENCES = ("The quick brown fox jumps over the lazy dog, and 42 birds sing.",
              "Call 555-123-4567 at 10:05 pm. It weighs 12kg and costs $3.50, said Dr. Smith.")
@@ -38,18 +41,51 @@ def hibari() -> Iterator[HibariEngine]:
     engine.unload()
 
 
+def _package_g2p_without_its_normalizer(british: bool = False) -> Any:
+    """The package's G2P that reads its text as given: VoxMux's front end has read it."""
+    from hibari.g2p import G2P
+
+    g2p = G2P(british=british)
+    return lambda text: g2p(text, normalize_text=False)
+
+
 def test_its_audio_is_the_packages_own_sample_for_sample(hibari: HibariEngine) -> None:
-    """The same text front end, graph and DSP as `hibari.Hibari` (one onnxruntime thread, the
-    package's default and the engine's), the same seed: the same samples, sentence by sentence."""
+    """VoxMux's English front end, then the package's G2P, graph and DSP as `hibari.Hibari` runs
+    them (one onnxruntime thread, the package's default and the engine's), the same seed: the
+    same samples, sentence by sentence."""
     from hibari import Hibari
 
-    raw = Hibari(threads=1)
+    raw = Hibari(threads=1, g2p=_package_g2p_without_its_normalizer())
     for text in SENTENCES:
         chunks = list(hibari.stream(SynthesisRequest(text=text, voice="heart")))
-        expected = list(raw.stream(text, seed=SEED))
+        expected = list(raw.stream(en.normalize(text), seed=SEED))
         assert len(chunks) == len(expected)
         for ours, theirs in zip(chunks, expected, strict=True):
             assert np.array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("text", [
+    "Please call 800-555-0199.", "Write to jane.doe@example.com today.",
+    "Read www.example.org/docs first.", "It is 10:05:30 and 5° on Henry VIII's 3½ acres.",
+])
+def test_it_reads_english_through_voxmuxs_front_end(text: str) -> None:
+    """hibari reads what piper and kokoro read (`engines.frontend.en`), not its package's own
+    normalization ("eight hundred five hundred fifty five ..." for a phone number, "jane doe at
+    examplecom" for an address); then the package's G2P makes its phonemes."""
+    reading = Reader(british=False).read(text, timings=True)
+    phonemes = " ".join(chunk.phonemes for chunk in reading.chunks)
+    assert phonemes == _package_g2p_without_its_normalizer()(en.normalize(text))
+
+
+def test_no_unicode_numeral_fails_the_reader() -> None:
+    """The package's G2P raised on `⑴` and on `¹:00` (a 500 for the client); VoxMux's front end
+    reads every numeral before it."""
+    reader = Reader(british=False)
+    for template in ("{c}", "{c}:00", "x{c} 4{c}."):
+        for c in ALL_NUMERALS:
+            for timings in (False, True):
+                reading = reader.read(template.format(c=c), timings)
+                assert reading.chunks, (template, c)
 
 
 def test_the_timed_graph_speaks_the_same_samples_and_its_frames_are_the_audio(
@@ -80,15 +116,11 @@ def test_the_timed_graph_speaks_the_same_samples_and_its_frames_are_the_audio(
 
 def test_words_keep_the_spans_the_front_end_rewrote(hibari: HibariEngine) -> None:
     text = SENTENCES[1]
-    spanned = normalize_spanned(Spanned.of(text))
-    from hibari.g2p.normalize import normalize
-
-    assert spanned.text == normalize(text)  # the package's reading, rule by rule
     chunks = list(hibari.stream_timed(SynthesisRequest(text=text, voice="heart",
                                                        timings=True)))
     words = [w for c in chunks for w in c.words]
-    # A rule's whole match is one word: the time took its "pm." along.
-    assert [w.word for w in words] == ["Call", "555-123-4567", "at", "10:05 pm.", "It",
+    # A rule's whole match is one word: the phone number's ten digits, the time with its "pm".
+    assert [w.word for w in words] == ["Call", "555-123-4567", "at", "10:05 pm", "It",
                                        "weighs", "12kg", "and", "costs", "$3.50", "said", "Dr.",
                                        "Smith"]
     assert all(text[w.char_start:w.char_end] == w.word for w in words)
@@ -168,12 +200,13 @@ def test_a_voice_not_on_disk_names_where_to_put_it_and_nothing_is_downloaded(
 
 
 def test_a_clients_ipa_reaches_the_model_in_misakis_symbols() -> None:
-    """`[word](/ipa/)` written the eSpeak way (`ː`, `oʊ`) is read in misaki's symbols, the set
-    hibari's voices were trained on (the package passes the link's text through as it is)."""
+    """`[word](/ipa/)` written the eSpeak way (`ː`, `oʊ`) and with the stress mark where
+    dictionaries put it (before the syllable) is read in misaki's symbols and convention
+    (stress before the vowel), the set hibari's voices were trained on (the package passes the
+    link's text through as it is)."""
     from engines.frontend.ipa import _MISAKI
-    from engines.hibari import Reader
 
     reading = Reader(british=False).read("Say [tomato](/təˈmɑːtoʊ/) now.", timings=False)
     phonemes = "".join(chunk.phonemes for chunk in reading.chunks)
-    assert "təˈmɑtO" in phonemes, phonemes
+    assert "təmˈɑtO" in phonemes, phonemes
     assert set(phonemes) <= _MISAKI | set(".,!?"), set(phonemes) - _MISAKI
