@@ -256,7 +256,9 @@ class Settings(BaseSettings):
     """`POST /v1/audio/batch` with up to this many items answers the ZIP itself; with more, 202
     and a job whose result is the ZIP."""
     batch_max_job_items: int = Field(10_000, ge=1)
-    """Most items a batch may have at all."""
+    """Most items a batch or job may have at all: a batch's items, the `items` of
+    `POST /v1/audio/jobs` (counted before the request is parsed whole, with at most 32 JSON
+    values for each), a book's chapters."""
     outputs_dir: Path | None = None
     """When set (AngeVoice's `/app/outputs`), every HTTP result is also written here: the speech
     route's audio, a batch's ZIP, a finished job's audio, each with a JSON sidecar."""
@@ -267,9 +269,11 @@ class Settings(BaseSettings):
     jobs_max_audio_seconds: float = Field(100 * 3600, gt=0)
     """Budget of audio one long-form job may make (a long novel reads in about 30 hours):
     refused at once when its text alone shows it, else the job fails when it gets there."""
-    epub_max_bytes: int = Field(256 * 1024 * 1024, gt=0)
-    """Budget of an EPUB's uncompressed size, all its files together, as its ZIP directory
-    states it; checked before anything is inflated (a small file can inflate to gigabytes)."""
+    epub_max_bytes: int = Field(64 * 1024 * 1024, gt=0)
+    """Budget of what an EPUB's text files inflate to together (pictures, fonts, audio, video
+    and styles are never inflated and not counted), read from its ZIP directory before anything
+    is inflated (a small file can inflate to gigabytes); it also bounds the memory one document
+    can take. A five-million-character book is 7-15 MB of XHTML."""
     epub_max_entries: int = Field(10_000, gt=0)
     """Most files an EPUB's ZIP may hold."""
     lexicons_max_per_owner: int = Field(32, ge=1)

@@ -11,7 +11,8 @@ items, segments and finished audio in Redis instead of SQLite and files. Keys, a
     items:<id>             hash: item index -> JSON (title, text, options, asked, error,
                            sample_rate)
     meta:<id>              hash: item index -> JSON (title, chars, options, error,
-                           sample_rate): the item without its text
+                           sample_rate, segments_at): the item without its text, and where
+                           its segments are (`[[first seq, count], ...]`)
     tally:<id>             hash: "<index>:segments", "<index>:done", "<index>:samples": each
                            item's counts
     seg:<id>               hash: seq -> JSON (item, part, text, offset, samples); `samples` is
@@ -27,6 +28,12 @@ segment), so processes storing at once never pass it together. A segment's scrip
 audio, then marks the segment done, in one step: no process ever sees a segment done without
 its audio, and a refused segment leaves nothing. Storing a segment again replaces it and counts
 only the difference. Deleting a job removes all its keys and gives its bytes back at once.
+
+An item's segments are read by their seqs (`segments_at` in its `meta:`, kept when the job is
+stored), one `HMGET` of that item's alone: the runner and the chapter routes read one item at a
+time, and reading the whole job's `seg:` for each (a job of 30,000 items: 17 rendered in 34 s)
+costs the square of its length. A job stored before they were kept is read whole once to keep
+them.
 
 Progress is counted by the same script as each segment is stored (the job's counts on its hash,
 each item's in `tally:`), so a job's card reads its hash and, for its chapters, `meta:` and
@@ -57,7 +64,7 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -267,9 +274,11 @@ class RedisJobStore:
             "title": i.title, "text": i.text, "options": dataclasses.asdict(i.options),
             "asked": i.asked, "error": i.error or None, "sample_rate": i.sample_rate,
             "reading": i.reading}) for i in items}
+        where = _ranges((s.item, s.seq) for s in segments)
         meta_rows: dict[FieldT, EncodableT] = {
             str(i.index): _meta(i.title, len(i.text), dataclasses.asdict(i.options),
-                                i.error or None, i.sample_rate) for i in items}
+                                i.error or None, i.sample_rate, where.get(i.index, []))
+            for i in items}
         tally = _tally({i: (n, 0, 0) for i, n in per_item.items()})
         segment_rows: dict[FieldT, EncodableT] = {str(s.seq): json.dumps({
             "item": s.item, "part": s.part, "text": s.text, "offset": s.offset,
@@ -317,6 +326,35 @@ class RedisJobStore:
         return [j for j in self._all_jobs()
                 if (owner is None or j.owner == owner) and (not status or j.status in status)]
 
+    def recent(self, owner: str, limit: int, after: str | None = None) -> list[Job]:
+        """The owner's jobs, newest first: at most `limit`, those made before job `after`
+        (its id; none when it is not the owner's). The index is walked from the newest down,
+        a page of owners at a time, until `limit` are found."""
+        found: list[Job] = []
+        with self._reach():
+            at = 0
+            if after is not None:
+                rank = self._redis.zrevrank(self._index, after)
+                if not isinstance(rank, int):
+                    return []
+                at = rank + 1
+            while len(found) < limit:
+                ids = [_text(i) for i in self._redis.zrevrange(self._index, at, at + 255)]
+                if not ids:
+                    break
+                at += len(ids)
+                pipe = self._redis.pipeline(transaction=False)
+                for job_id in ids:
+                    pipe.hget(self._key("job", job_id), "owner")
+                mine = [job_id for job_id, who in zip(ids, pipe.execute(), strict=True)
+                        if who is not None and _text(who) == owner][:limit - len(found)]
+                pipe = self._redis.pipeline(transaction=False)
+                for job_id in mine:
+                    pipe.hgetall(self._key("job", job_id))
+                found += [_job(job_id, fields)
+                          for job_id, fields in zip(mine, pipe.execute(), strict=True) if fields]
+        return found
+
     def items(self, job_id: str) -> list[Item]:
         with self._reach():
             rows = self._redis.hgetall(self._key("items", job_id))
@@ -328,15 +366,79 @@ class RedisJobStore:
                               item["sample_rate"], item.get("reading")))
         return items
 
+    def item(self, job_id: str, index: int) -> Item | None:
+        """One item (its text included), read by its index."""
+        with self._reach():
+            raw = self._redis.hget(self._key("items", job_id), str(index))
+        if raw is None:
+            return None
+        item = json.loads(raw)
+        return Item(index, item["title"], item["text"], ItemOptions(**item["options"]),
+                    item["asked"], item["error"], item["sample_rate"], item.get("reading"))
+
+    def item_count(self, job_id: str) -> int:
+        with self._reach():
+            return int(self._redis.hlen(self._key("items", job_id)))
+
     def _segment_rows(self, job_id: str) -> list[tuple[int, dict[str, Any]]]:
         with self._reach():
             rows = self._redis.hgetall(self._key("seg", job_id))
         return sorted((int(seq), json.loads(raw)) for seq, raw in rows.items())
 
     def segments(self, job_id: str, item: int | None = None) -> list[Segment]:
+        """The job's segments, or one item's (read by their seqs: `segments_at`)."""
+        if item is None:
+            rows = self._segment_rows(job_id)
+        else:
+            seqs = [str(seq) for first, count in self._segments_at(job_id, item)
+                    for seq in range(first, first + count)]
+            if not seqs:
+                return []
+            with self._reach():
+                found = self._redis.hmget(self._key("seg", job_id), seqs)
+            rows = [(int(seq), json.loads(raw)) for seq, raw in zip(seqs, found, strict=True)
+                    if raw is not None]
         return [Segment(seq, s["item"], s["part"], s["text"], s["offset"], s["samples"],
-                        s.get("how"))
-                for seq, s in self._segment_rows(job_id) if item is None or s["item"] == item]
+                        s.get("how")) for seq, s in rows]
+
+    def _segments_at(self, job_id: str, item: int) -> list[list[int]]:
+        """Where an item's segments are (`[[first seq, count], ...]`), from its `meta:`; a job
+        stored before they were kept there is read whole once to keep them (`_count_old`: one
+        stored before counts were kept; `_index_old`: one stored after)."""
+        key = self._key("meta", job_id)
+        for attempt in range(2):
+            with self._reach():
+                raw = self._redis.hget(key, str(item))
+            meta = json.loads(raw) if raw is not None else None
+            if meta is not None and "segments_at" in meta:
+                return list(meta["segments_at"])
+            if attempt:
+                break
+            if meta is None:
+                if not self._count_old(job_id):  # no such job (else: no such item)
+                    return []
+            else:
+                self._index_old(job_id)
+        return []
+
+    def _index_old(self, job_id: str) -> None:
+        """Keep each item's segment seqs in its `meta:` for a job stored before they were
+        kept, from one read of all its segments (which items they belong to never changes)."""
+        meta_key, seg_key = self._key("meta", job_id), self._key("seg", job_id)
+
+        def index(pipe: Pipeline) -> None:
+            metas = pipe.hgetall(meta_key)
+            if not metas:
+                return
+            where = _ranges((json.loads(raw)["item"], int(seq))
+                            for seq, raw in pipe.hgetall(seg_key).items())
+            pipe.multi()
+            pipe.hset(meta_key, mapping={
+                index: json.dumps(json.loads(raw) | {"segments_at": where.get(int(index), [])})
+                for index, raw in metas.items()})
+
+        with self._reach():
+            self._redis.transaction(index, meta_key)
 
     def counts(self, job_id: str) -> tuple[int, int, float]:
         """(segments done, segments in all, seconds of audio stored), as counted."""
@@ -350,13 +452,15 @@ class RedisJobStore:
                 done, total, seconds = self._redis.hmget(key, COUNTS)
         return int(done or 0), int(total or 0), float(seconds or 0)
 
-    def summaries(self, job_id: str) -> list[ItemSummary]:
-        """Each item without its text, with its counts."""
-        counted, metas, tally = self._summary_rows(job_id)
+    def summaries(self, job_id: str, start: int = 0, limit: int | None = None
+                  ) -> list[ItemSummary]:
+        """Each item without its text, with its counts: from item `start`, at most `limit`
+        (a card of many thousands is read a page at a time)."""
+        counted, metas, tally = self._summary_rows(job_id, start, limit)
         if not counted:
             if not self._count_old(job_id):
                 return []
-            counted, metas, tally = self._summary_rows(job_id)
+            counted, metas, tally = self._summary_rows(job_id, start, limit)
         out = []
         for index, raw in sorted(metas.items(), key=lambda row: int(row[0])):
             meta, n = json.loads(raw), _text(index)
@@ -366,14 +470,26 @@ class RedisJobStore:
                 int(tally.get(f"{n}:done", 0)), int(tally.get(f"{n}:samples", 0))))
         return out
 
-    def _summary_rows(self, job_id: str) -> tuple[bool, dict[Any, Any], dict[str, Any]]:
+    def _summary_rows(self, job_id: str, start: int = 0, limit: int | None = None
+                      ) -> tuple[bool, dict[Any, Any], dict[str, Any]]:
+        """Whether the job is counted, and its items' `meta:` and `tally:` fields (all of them,
+        or those of items `start` to `start + limit`: a job's items are numbered from 0)."""
+        meta_key, tally_key = self._key("meta", job_id), self._key("tally", job_id)
         with self._reach():
             pipe = self._redis.pipeline(transaction=False)
             pipe.hexists(self._key("job", job_id), "seg_total")
-            pipe.hgetall(self._key("meta", job_id))
-            pipe.hgetall(self._key("tally", job_id))
-            counted, metas, tally = pipe.execute()
-        return bool(counted), metas, {_text(k): v for k, v in tally.items()}
+            if limit is None:
+                pipe.hgetall(meta_key)
+                pipe.hgetall(tally_key)
+                counted, metas, tally = pipe.execute()
+                return bool(counted), metas, {_text(k): v for k, v in tally.items()}
+            indexes = [str(n) for n in range(start, start + limit)]
+            fields = [f"{n}:{count}" for n in indexes for count in ("segments", "done", "samples")]
+            pipe.hmget(meta_key, indexes)
+            pipe.hmget(tally_key, fields)
+            counted, found, counts = pipe.execute()
+        return (bool(counted), {n: raw for n, raw in zip(indexes, found, strict=True) if raw},
+                {f: v for f, v in zip(fields, counts, strict=True) if v is not None})
 
     def _count_old(self, job_id: str) -> bool:
         """Count a job the previous version stored (no counts kept), once, from its items and
@@ -390,8 +506,9 @@ class RedisJobStore:
             items = {int(k): json.loads(v) for k, v in pipe.hgetall(items_key).items()}
             per_item = {index: [0, 0, 0] for index in items}
             seconds: list[float] = []
-            for raw in pipe.hgetall(seg_key).values():
-                segment = json.loads(raw)
+            rows = [(int(seq), json.loads(raw)) for seq, raw in pipe.hgetall(seg_key).items()]
+            where = _ranges((segment["item"], seq) for seq, segment in rows)
+            for _seq, segment in rows:
                 counts = per_item.get(segment["item"])
                 if counts is None:  # (a segment of no item is not counted)
                     continue
@@ -405,7 +522,7 @@ class RedisJobStore:
             if items:
                 pipe.hset(self._key("meta", job_id), mapping={str(index): _meta(
                     item["title"], len(item["text"]), item["options"], item["error"],
-                    item["sample_rate"]) for index, item in items.items()})
+                    item["sample_rate"], where.get(index, [])) for index, item in items.items()})
                 pipe.hset(self._key("tally", job_id), mapping=_tally(
                     {index: (n, d, s) for index, (n, d, s) in per_item.items()}))
             pipe.hset(job_key, mapping={
@@ -469,6 +586,8 @@ class RedisJobStore:
             if raw is None:  # no such item (or job): nothing to change
                 return
             item = json.loads(raw) | changes
+            kept = pipe.hget(meta_key, str(index))
+            where = json.loads(kept).get("segments_at") if kept is not None else None
             seconds = None
             if sample_rate is not None:  # its audio, counted anew at its new rate
                 rates = {_text(k): json.loads(v)["sample_rate"]
@@ -480,7 +599,7 @@ class RedisJobStore:
             pipe.hset(key, str(index), json.dumps(item))
             pipe.hset(meta_key, str(index), _meta(item["title"], len(item["text"]),
                                                   item["options"], item["error"],
-                                                  item["sample_rate"]))
+                                                  item["sample_rate"], where))
             if seconds is not None:
                 pipe.hset(job_key, "audio_seconds", repr(seconds))
 
@@ -520,6 +639,9 @@ class RedisJobStore:
         used = self.used
         if used + size > self.max_bytes:
             raise self._full(used, size)
+
+    def unreserve(self, size: int) -> None:
+        """Nothing to give back: `reserve` counts nothing."""
 
     def delete(self, job_id: str) -> None:
         """Remove every key of the job (its lease too) and give its bytes back, at once; and
@@ -601,10 +723,27 @@ def _job_fields(job: Job, size: int) -> dict[FieldT, EncodableT]:
 
 
 def _meta(title: str, chars: int, options: dict[str, Any], error: dict[str, Any] | None,
-          sample_rate: int | None) -> str:
-    """An item as a card shows it, without its text."""
-    return json.dumps({"title": title, "chars": chars, "options": options, "error": error,
-                       "sample_rate": sample_rate})
+          sample_rate: int | None, segments_at: list[list[int]] | None = None) -> str:
+    """An item as a card shows it, without its text; and where its segments are (left out:
+    not known yet, for a job stored before they were kept)."""
+    meta = {"title": title, "chars": chars, "options": options, "error": error,
+            "sample_rate": sample_rate}
+    if segments_at is not None:
+        meta["segments_at"] = segments_at
+    return json.dumps(meta)
+
+
+def _ranges(owners: Iterable[tuple[int, int]]) -> dict[int, list[list[int]]]:
+    """Each item's segment seqs, from (item, seq) pairs, as runs `[first, count]` (a job's
+    items each have one run: their segments were cut in order)."""
+    runs: dict[int, list[list[int]]] = {}
+    for item, seq in sorted(owners, key=lambda pair: pair[1]):
+        mine = runs.setdefault(item, [])
+        if mine and mine[-1][0] + mine[-1][1] == seq:
+            mine[-1][1] += 1
+        else:
+            mine.append([seq, 1])
+    return runs
 
 
 def _tally(counts: Mapping[int, tuple[int, int, int]]) -> dict[FieldT, EncodableT]:

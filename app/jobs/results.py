@@ -1,10 +1,12 @@
 """A job's results from its stored segments: each item's audio (in the asked format), its SRT and
 WebVTT captions from the stored word timings, the whole job as one stream, and the ZIP of all of
-them with a `manifest.json`. Blocking: run off the event loop."""
+them with a `manifest.json`, each chapter's audio written into it as it is encoded (a chapter of
+a book can be hours: never whole in memory). Blocking: run off the event loop."""
 
 from __future__ import annotations
 
 import json
+import time
 import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -96,13 +98,27 @@ def manifest_entry(index: int, file: str | None, asked: dict[str, Any], fmt: str
             "duration_s": None if duration is None else round(duration, 3), "error": error}
 
 
-def write_zip(target: Any, members: Iterable[tuple[str, bytes]], manifest: dict[str, Any]
-              ) -> None:
-    """Audio stored as it is (already compressed or raw), text deflated."""
+Member = tuple[str, bytes | Iterable[bytes]]
+"""A file of a ZIP: its name, and its bytes or its bytes as they are made."""
+
+
+def write_zip(target: Any, members: Iterable[Member], manifest: dict[str, Any]) -> None:
+    """Audio stored as it is (already compressed or raw), text deflated; a member given as
+    pieces is written piece by piece as they come (in ZIP64 from its start: its size is not
+    known until its end)."""
     with zipfile.ZipFile(target, "w") as archive:
         for name, data in members:
-            text = name.endswith((".srt", ".vtt", ".json"))
-            archive.writestr(name, data, zipfile.ZIP_DEFLATED if text else zipfile.ZIP_STORED)
+            kind = (zipfile.ZIP_DEFLATED if name.endswith((".srt", ".vtt", ".json"))
+                    else zipfile.ZIP_STORED)
+            if isinstance(data, bytes):
+                archive.writestr(name, data, kind)
+                continue
+            info = zipfile.ZipInfo(name, date_time=time.localtime()[:6])
+            info.compress_type = kind
+            info.external_attr = 0o600 << 16  # (as `writestr` marks a file)
+            with archive.open(info, "w", force_zip64=True) as handle:
+                for piece in data:
+                    handle.write(piece)
         archive.writestr("manifest.json", json.dumps(manifest, indent=2, ensure_ascii=False),
                          zipfile.ZIP_DEFLATED)
 
@@ -124,7 +140,7 @@ def _make_zip(store: Store, job: Job, path: Path) -> Path:
     items = store.items(job.id)
     entries: list[dict[str, Any]] = []
 
-    def members() -> Iterator[tuple[str, bytes]]:
+    def members() -> Iterator[Member]:
         for item in items:
             fmt = item.options.response_format
             name = f"{item.index + 1:03d}"
@@ -133,8 +149,7 @@ def _make_zip(store: Store, job: Job, path: Path) -> Path:
                                               item.error))
                 continue
             rate = item.sample_rate or 1
-            yield f"{name}.{fmt}", b"".join(encoded(item_chunks(store, job.id, item), fmt,
-                                                     rate))
+            yield f"{name}.{fmt}", encoded(item_chunks(store, job.id, item), fmt, rate)
             entry = manifest_entry(item.index, f"{name}.{fmt}", item.asked, fmt,
                                    item_seconds(store, job.id, item), None)
             if job.kind == "book":
@@ -149,14 +164,19 @@ def _make_zip(store: Store, job: Job, path: Path) -> Path:
             entries.append(entry)
 
     tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as handle:
-        write_zip(handle, members(), {"id": job.id, "items": entries})
-    size = tmp.stat().st_size
     try:
+        with open(tmp, "wb") as handle:
+            write_zip(handle, members(), {"id": job.id, "items": entries})
+        size = tmp.stat().st_size
         store.reserve(size)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    tmp.replace(path)
+    try:
+        tmp.replace(path)  # (a purge meanwhile took the folder: FileNotFoundError)
+    except BaseException:
+        store.unreserve(size)
+        tmp.unlink(missing_ok=True)
+        raise
     store.add_file(job.id, ZIP_NAME, size)
     return path

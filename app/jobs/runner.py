@@ -49,6 +49,7 @@ import numpy as np
 
 from app.audio.encoders import to_pcm16
 from app.http.errors import error_body
+from app.jobs.book import too_long
 from app.jobs.model import (
     DiskFull,
     Item,
@@ -65,7 +66,7 @@ from app.serving.events import SegmentEnd, SegmentWords
 from app.serving.plan import CutRecord, SpeechPlan
 from app.serving.service import SpeechService
 from app.settings import Settings
-from engines.base import Cancelled, InvalidParameter, Overloaded, RequestTimeout, VoxMuxError
+from engines.base import Cancelled, Overloaded, RequestTimeout, VoxMuxError
 
 if TYPE_CHECKING:
     from app.jobs.redis_store import RedisJobStore
@@ -600,12 +601,11 @@ class JobRunner:
 
 
 def check_chars(items: list[Item], settings: Settings) -> None:
-    """A job's text within `jobs_max_chars`, before anything is planned."""
+    """A job's text within `jobs_max_chars`, before anything is planned (as every other
+    reading of a job's text counts it: `app.jobs.book.too_long`)."""
     chars = sum(len(i.text) for i in items)
-    limit = settings.jobs_max_chars
-    if chars > limit:
-        raise InvalidParameter(f"The job's text is {chars} characters; the limit is {limit}",
-                               param="input", code="string_above_max_length")
+    if chars > settings.jobs_max_chars:
+        raise too_long(settings.jobs_max_chars, chars)
 
 
 def _windows(segments: list[Segment], at_once: int) -> list[tuple[int, int]]:

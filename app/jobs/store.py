@@ -12,6 +12,10 @@ segment that would pass it, or a disk that is really full, is refused or fails i
 (`DiskFull`), never the server. Every byte counted is given back: a segment stored while its job
 is being deleted finds no row to mark, and takes its file and its bytes back itself.
 
+An item and its segments are read by their own index (`item`, `segments(job, item)`), never by
+a walk over the whole job: the runner and the chapter routes read one item at a time, and a job
+may have tens of thousands. A database made before `segments_by_item` gets it when opened.
+
 Progress is counted as segments are stored, in the same transaction: the job's segments, those
 done and its seconds of audio (on `jobs`), and each item's (`summaries`: an item's title, length,
 options, error and rate beside its counts, without its text). A job's card reads those, never
@@ -70,6 +74,7 @@ CREATE TABLE IF NOT EXISTS segments (
     PRIMARY KEY (job, seq)
 );
 CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner, created);
+CREATE INDEX IF NOT EXISTS segments_by_item ON segments (job, item, seq);
 CREATE TABLE IF NOT EXISTS summaries (
     job TEXT NOT NULL, idx INTEGER NOT NULL, title TEXT NOT NULL, chars INTEGER NOT NULL,
     options TEXT NOT NULL, error TEXT, sample_rate INTEGER, segments INTEGER NOT NULL,
@@ -139,10 +144,14 @@ class Store(Protocol):
     def job(self, job_id: str) -> Job | None: ...
     def jobs(self, owner: str | None = None, status: tuple[str, ...] | None = None
              ) -> list[Job]: ...
+    def recent(self, owner: str, limit: int, after: str | None = None) -> list[Job]: ...
     def items(self, job_id: str) -> list[Item]: ...
+    def item(self, job_id: str, index: int) -> Item | None: ...
+    def item_count(self, job_id: str) -> int: ...
     def segments(self, job_id: str, item: int | None = None) -> list[Segment]: ...
     def counts(self, job_id: str) -> tuple[int, int, float]: ...
-    def summaries(self, job_id: str) -> list[ItemSummary]: ...
+    def summaries(self, job_id: str, start: int = 0, limit: int | None = None
+                  ) -> list[ItemSummary]: ...
     def words(self, job_id: str, item: int) -> list[list[WordRow]]: ...
     def audio(self, job_id: str, seq: int) -> npt.NDArray[np.float32]: ...
     def file(self, job_id: str, name: str) -> Path: ...
@@ -154,6 +163,7 @@ class Store(Protocol):
                        ) -> None: ...
     def add_file(self, job_id: str, name: str, size: int) -> None: ...
     def reserve(self, size: int) -> None: ...
+    def unreserve(self, size: int) -> None: ...
     def delete(self, job_id: str) -> None: ...
     def expired(self, older_than: float) -> list[str]: ...
     def interrupted(self) -> list[str]: ...
@@ -281,12 +291,31 @@ class JobStore:
             sql += " WHERE " + " AND ".join(where)
         return [_job(r) for r in self._all(sql + " ORDER BY created", *args)]
 
+    def recent(self, owner: str, limit: int, after: str | None = None) -> list[Job]:
+        """The owner's jobs, newest first: at most `limit`, those made before job `after`
+        (its id; none when it is not the owner's)."""
+        sql = ("SELECT id, owner, kind, status, created, updated, request, finished, error, "
+               "bytes FROM jobs WHERE owner = ?")
+        args: list[Any] = [owner]
+        if after is not None:
+            sql += (" AND EXISTS (SELECT 1 FROM jobs a WHERE a.id = ? AND a.owner = jobs.owner "
+                    "AND (jobs.created < a.created OR (jobs.created = a.created "
+                    "AND jobs.id < a.id)))")
+            args.append(after)
+        rows = self._all(sql + " ORDER BY created DESC, id DESC LIMIT ?", *args, limit)
+        return [_job(r) for r in rows]
+
     def items(self, job_id: str) -> list[Item]:
-        rows = self._all("SELECT idx, title, text, options, asked, error, sample_rate, reading "
-                         "FROM items WHERE job = ? ORDER BY idx", job_id)
-        return [Item(r[0], r[1], r[2], ItemOptions(**json.loads(r[3])), json.loads(r[4]),
-                     json.loads(r[5]) if r[5] else None, r[6],
-                     json.loads(r[7]) if r[7] else None) for r in rows]
+        rows = self._all(f"SELECT {_ITEM} FROM items WHERE job = ? ORDER BY idx", job_id)
+        return [_item(r) for r in rows]
+
+    def item(self, job_id: str, index: int) -> Item | None:
+        """One item (its text included), read by its key."""
+        row = self._one(f"SELECT {_ITEM} FROM items WHERE job = ? AND idx = ?", job_id, index)
+        return _item(row) if row else None
+
+    def item_count(self, job_id: str) -> int:
+        return int(self._one("SELECT COUNT(*) FROM items WHERE job = ?", job_id)[0])
 
     def segments(self, job_id: str, item: int | None = None) -> list[Segment]:
         sql = "SELECT seq, item, part, text, offset, samples, how FROM segments WHERE job = ?"
@@ -303,10 +332,13 @@ class JobStore:
                         job_id)
         return (int(row[0]), int(row[1]), float(row[2])) if row else (0, 0, 0.0)
 
-    def summaries(self, job_id: str) -> list[ItemSummary]:
-        """Each item without its text, with its counts."""
+    def summaries(self, job_id: str, start: int = 0, limit: int | None = None
+                  ) -> list[ItemSummary]:
+        """Each item without its text, with its counts: from item `start`, at most `limit`
+        (a card of many thousands is read a page at a time)."""
         rows = self._all("SELECT idx, title, chars, options, error, sample_rate, segments, "
-                         "done, samples FROM summaries WHERE job = ? ORDER BY idx", job_id)
+                         "done, samples FROM summaries WHERE job = ? AND idx >= ? ORDER BY idx "
+                         "LIMIT ?", job_id, start, -1 if limit is None else limit)
         return [ItemSummary(r[0], r[1], r[2], ItemOptions(**json.loads(r[3])),
                             json.loads(r[4]) if r[4] else None, r[5], r[6], r[7], r[8])
                 for r in rows]
@@ -430,7 +462,13 @@ class JobStore:
             raise JobNotFound(f"Job {job_id} is gone (deleted?)")
 
     def reserve(self, size: int) -> None:
+        """Count `size` bytes of a file about to be written into a job's folder (`add_file`
+        then counts them as the job's); `DiskFull` when the bound has no room."""
         self._reserve(size)
+
+    def unreserve(self, size: int) -> None:
+        """Give back a reservation whose file never reached its job (`reserve`)."""
+        self._release(size)
 
     def _reserve(self, size: int) -> None:
         with self._lock:
@@ -469,6 +507,15 @@ class JobStore:
 
     def prune(self) -> None:
         """Nothing to do: every file here belongs to a job of this store."""
+
+
+_ITEM = "idx, title, text, options, asked, error, sample_rate, reading"
+
+
+def _item(row: tuple[Any, ...]) -> Item:
+    return Item(row[0], row[1], row[2], ItemOptions(**json.loads(row[3])), json.loads(row[4]),
+                json.loads(row[5]) if row[5] else None, row[6],
+                json.loads(row[7]) if row[7] else None)
 
 
 def _job(row: tuple[Any, ...]) -> Job:

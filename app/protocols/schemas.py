@@ -329,7 +329,9 @@ class JobRequest(SpeechOptions):
     input_format: Literal["text", "ssml", "markdown", "epub"] = Field(
         "text", description="`ssml`: the input is one SSML document (also detected from a "
         "leading `<speak>`); items are SSML when they start with `<speak>`")
-    items: list[JobItem] | None = Field(None, min_length=1)
+    items: list[JobItem] | None = Field(
+        None, min_length=1, description="At most `VOXMUX_BATCH_MAX_JOB_ITEMS` (10,000 unless "
+        "set), counted before any is read; their texts together at most `VOXMUX_JOBS_MAX_CHARS`")
     response_format: ResponseFormat = "mp3"
     title: str | None = Field(None, description="The job's name (a book's title)")
 
@@ -357,5 +359,11 @@ class JobCard(BaseModel):
 
 
 class JobList(BaseModel):
+    """A page of the caller's jobs, newest first (`?limit=`, `?after=<the last id of the page
+    before>`), as OpenAI pages its lists."""
+
     object: Literal["list"] = "list"
     data: list[JobCard]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False

@@ -1,10 +1,13 @@
 """Long-form routes: `POST /v1/audio/batch` and `/v1/audio/jobs` (see `app.jobs`; who owns a
-job: `app.jobs.front`). Every job store read and write runs in a thread: the event loop only
-routes and frames."""
+job: `app.jobs.front`). Every job store read and write runs in a thread, and so do reading a job
+request (`parse_job_request`) and building and serializing a job's card (`card_json`, answered
+as bytes: FastAPI would serialize a `response_model` on the loop): the event loop only routes
+and frames."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import io
 import json
 from collections.abc import AsyncIterator, Iterator
@@ -17,7 +20,15 @@ from app.audio.encoders import CONTENT_TYPES, content_type, output_rate
 from app.http.deps import ClientDep, RequestIdDep, ServiceDep
 from app.http.disconnect import unless_disconnected
 from app.jobs.batch import batch_items, run_batch
-from app.jobs.front import job_card, job_cards, owner_of, start_job
+from app.jobs.front import (
+    card_json,
+    card_payload,
+    job_card,
+    list_json,
+    owner_of,
+    parse_job_request,
+    start_job,
+)
 from app.jobs.model import Item, Job, JobNotFound, JobNotReady
 from app.jobs.outputs import Outputs
 from app.jobs.results import (
@@ -40,6 +51,11 @@ from app.protocols.schemas import (
 )
 from engines.base import InvalidParameter
 
+JSON = "application/json"
+PIECE_BYTES = 256 * 1024
+"""A JSON answer longer than this is sent a piece at a time: one `send` of a 12 MB body held
+the event loop 0.1-0.25 s here (in 256 KB pieces: 5 ms at most)."""
+
 router = APIRouter(tags=["jobs"])
 
 _AUDIO: dict[int | str, dict[str, Any]] = {200: {"content": {
@@ -56,6 +72,30 @@ def _runner(request: Request) -> JobRunner:
 
 OwnerDep = Annotated[str, Depends(owner_of)]
 RunnerDep = Annotated[JobRunner, Depends(_runner)]
+
+
+def _inline(schema: dict[str, Any]) -> dict[str, Any]:
+    """A model's JSON schema with its `$defs` written in place: a schema given in
+    `openapi_extra` sits inside the OpenAPI document, where `#/$defs/...` points nowhere."""
+    defs = schema.get("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, list):
+            return [resolve(value) for value in node]
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            rest = {key: value for key, value in node.items() if key != "$ref"}
+            return resolve(copy.deepcopy(defs[ref.removeprefix("#/$defs/")])) | resolve(rest)
+        return {key: resolve(value) for key, value in node.items() if key != "$defs"}
+
+    resolved: dict[str, Any] = resolve(schema)
+    return resolved
+
+
+_JOB_REQUEST = {"requestBody": {"required": True, "content": {
+    JSON: {"schema": _inline(JobRequest.model_json_schema())}}}}
 
 
 def _outputs(request: Request) -> Outputs | None:
@@ -102,44 +142,90 @@ async def create_batch(body: BatchRequest, request: Request, service: ServiceDep
 
 # -- jobs --------------------------------------------------------------------------------------
 
+def _json(body: bytes, status_code: int = 200, headers: dict[str, str] | None = None
+          ) -> Response:
+    """`body` (JSON made in a worker thread) as the answer: whole when short, else in pieces of
+    `PIECE_BYTES`, its length declared."""
+    if len(body) <= PIECE_BYTES:
+        return Response(body, status_code=status_code, media_type=JSON, headers=headers)
+
+    async def pieces() -> AsyncIterator[bytes]:
+        view = memoryview(body)
+        for at in range(0, len(body), PIECE_BYTES):
+            yield bytes(view[at:at + PIECE_BYTES])
+
+    return StreamingResponse(pieces(), status_code=status_code, media_type=JSON,
+                             headers={**(headers or {}), "Content-Length": str(len(body))})
+
+
+async def _body(request: Request) -> bytearray:
+    """The request's body as it arrives, into one buffer the size its `Content-Length` says
+    (never a list of its chunks joined, nor a buffer grown by copies: up to
+    `jobs_max_request_bytes`, which the edge checks first)."""
+    try:
+        size = max(0, int(request.headers.get("content-length", "0")))
+    except ValueError:
+        size = 0
+    raw, at = bytearray(size), 0
+    async for chunk in request.stream():
+        if at + len(chunk) <= size:
+            raw[at:at + len(chunk)] = chunk
+        else:
+            del raw[at:]
+            raw += chunk
+        at += len(chunk)
+    del raw[at:]
+    return raw
+
+
 @router.post("/v1/audio/jobs", status_code=202, responses=ERROR_RESPONSES,
-             response_model=JobCard)
-async def create_job(body: JobRequest, runner: RunnerDep, owner: OwnerDep,
-                     client: ClientDep) -> JSONResponse:
+             response_model=JobCard, openapi_extra=_JOB_REQUEST)
+async def create_job(request: Request, runner: RunnerDep, owner: OwnerDep,
+                     client: ClientDep) -> Response:
+    """A book (`input`: text, SSML, Markdown or an EPUB in base64) or a list of `items`, at
+    most `VOXMUX_BATCH_MAX_JOB_ITEMS` of them, as a job: 202 and its card."""
+    settings = runner.settings
+    body = await asyncio.to_thread(parse_job_request, await _body(request),
+                                   settings.batch_max_job_items, settings.jobs_max_chars)
     job = await start_job(runner, owner, body, client)
-    return JSONResponse((await job_card(runner, job)).model_dump(), status_code=202,
-                        headers={"Location": f"/v1/audio/jobs/{job.id}"})
+    return _json(await card_json(runner, job), 202, {"Location": f"/v1/audio/jobs/{job.id}"})
 
 
 @router.get("/v1/audio/jobs", response_model=JobList, responses=ERROR_RESPONSES)
-async def list_jobs(runner: RunnerDep, owner: OwnerDep) -> JobList:
-    jobs = await asyncio.to_thread(runner.store.jobs, owner)
-    return JobList(data=await job_cards(runner, jobs))
+async def list_jobs(runner: RunnerDep, owner: OwnerDep,
+                    limit: int = Query(100, ge=1, le=1000,
+                                       description="Most jobs answered, newest first"),
+                    after: str | None = Query(None, description="The last job id of the page "
+                                              "before (its `last_id`): the next page")
+                    ) -> Response:
+    """The caller's jobs, newest first, a page at a time (`has_more`, `last_id`)."""
+    return _json(await list_json(runner, owner, limit, after))
 
 
 @router.get("/v1/audio/jobs/{job_id}", response_model=JobCard, responses=ERROR_RESPONSES)
-async def get_job(job_id: str, runner: RunnerDep, owner: OwnerDep) -> JobCard:
-    return await job_card(runner, await _job(runner, job_id, owner), chapters=True)
+async def get_job(job_id: str, runner: RunnerDep, owner: OwnerDep) -> Response:
+    job = await _job(runner, job_id, owner)
+    return _json(await card_json(runner, job, chapters=True))
 
 
 @router.delete("/v1/audio/jobs/{job_id}", response_model=JobCard, responses=ERROR_RESPONSES)
 async def delete_job(job_id: str, runner: RunnerDep, owner: OwnerDep,
                      purge: bool = Query(False, description="Also delete its stored audio")
-                     ) -> JobCard:
+                     ) -> Response:
     """Cancel a queued or running job (its finished chapters stay readable); `purge=true`
     deletes the job and its files whatever its state."""
     job = await _job(runner, job_id, owner)
     if purge:
-        body = await job_card(runner, job)
+        body = await card_json(runner, job)
         await runner.delete(job)
-        return body
+        return _json(body)
     await runner.cancel(job)
     for _ in range(100):  # a running one stops at its engine's next step
         job = await _job(runner, job_id, owner)
         if job.ended:
             break
         await asyncio.sleep(0.05)
-    return await job_card(runner, job)
+    return _json(await card_json(runner, job))
 
 
 @router.get("/v1/audio/jobs/{job_id}/events", responses=ERROR_RESPONSES,
@@ -156,7 +242,7 @@ async def job_events(job_id: str, runner: RunnerDep, owner: OwnerDep) -> Streami
             job = await asyncio.to_thread(store.job, job_id)
             if job is None:
                 return
-            payload = (await job_card(runner, job)).model_dump()
+            payload = await card_payload(runner, job)
             key = (job.status, payload["progress"]["done"])
             if key != last:
                 kind = f"job.{job.status}" if job.ended else "job.progress"
@@ -214,12 +300,11 @@ async def job_audio(job_id: str, runner: RunnerDep, owner: OwnerDep) -> Response
 
 
 def _item(store: Store, job: Job, number: int) -> Item:
-    """Chapter `number` (1-based), once it is finished; blocking."""
-    items = store.items(job.id)
-    if not 1 <= number <= len(items):
-        raise JobNotFound(f"The job has no chapter {number} (1 to {len(items)})",
+    """Chapter `number` (1-based), once it is finished, read alone; blocking."""
+    item = store.item(job.id, number - 1) if 1 <= number <= 1 << 31 else None
+    if item is None:
+        raise JobNotFound(f"The job has no chapter {number} (1 to {store.item_count(job.id)})",
                           param="chapter")
-    item = items[number - 1]
     if item.error is not None:
         raise JobNotReady(f"Chapter {number} failed: {item.error.get('message')}",
                           param="chapter")

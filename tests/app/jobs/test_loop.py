@@ -19,9 +19,9 @@ from tests.app.jobs.conftest import wait_job
 from tests.conftest import LiveServer, start_server, test_settings
 
 SLOW_S = 0.5
-STORE_CALLS = ("job", "jobs", "items", "segments", "counts", "summaries", "words", "audio",
-               "set_status", "set_item", "delete", "expired", "interrupted", "prune", "create",
-               "add_file")
+STORE_CALLS = ("job", "jobs", "recent", "items", "item", "item_count", "segments", "counts",
+               "summaries", "words", "audio", "set_status", "set_item", "delete", "expired",
+               "interrupted", "prune", "create", "add_file")
 PARAGRAPH = "The river ran slowly past the old mill, and the miller watched it from his door. "
 
 
