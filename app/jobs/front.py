@@ -26,10 +26,10 @@ import hashlib
 import io
 import json
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import ijson
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.requests import HTTPConnection
 
 from app.http.auth import COOKIE, authenticator
@@ -43,6 +43,7 @@ from app.text.ssml import detect
 from engines.base import InvalidParameter
 
 Counts = tuple[int, int, float]
+M = TypeVar("M", bound=BaseModel)
 
 ANONYMOUS = "anonymous"
 STUDIO = "studio"
@@ -73,24 +74,29 @@ def owner_of(request: HTTPConnection) -> str:
 
 def too_many_items(count: int | None, limit: int) -> OverBudget:
     amount = f"{count:,}" if count is not None else f"more than {limit:,}"
-    return OverBudget("The job's items", amount, f"{limit:,}", env_name("batch_max_job_items"),
+    return OverBudget("The request's items", amount, f"{limit:,}", env_name("batch_max_job_items"),
                       param="items", hint="split them into several jobs")
 
 
 def parse_job_request(raw: bytes | bytearray, max_items: int, max_chars: int) -> JobRequest:
-    """A `POST /v1/audio/jobs` body as a `JobRequest`: what it may cost counted first
+    """A `POST /v1/audio/jobs` body as a `JobRequest` (`parse_request`)."""
+    body = parse_request(JobRequest, raw, max_items, max_chars)
+    if body.items is not None and len(body.items) > max_items:
+        raise too_many_items(len(body.items), max_items)
+    return body
+
+
+def parse_request(model: type[M], raw: bytes | bytearray, max_items: int, max_chars: int) -> M:
+    """A long-form request's body (a job, a batch) as `model`: what it may cost counted first
     (`count_request`), then parsed and validated; invalid is the 400 every route answers.
     Blocking (a second for the largest body): run it in a worker thread."""
     count_request(raw, max_items, VALUES_PER_ITEM * (max_items + 8), max_chars)
     try:
-        body = JobRequest.model_validate_json(raw)
+        return model.model_validate_json(raw)
     except ValidationError as exc:
         first: dict[str, Any] = dict(exc.errors(include_url=False, include_input=False)[0])
         param, message = describe_validation_error(first)
         raise InvalidParameter(message, param=param, code=first.get("type")) from None
-    if body.items is not None and len(body.items) > max_items:
-        raise too_many_items(len(body.items), max_items)
-    return body
 
 
 def count_request(raw: bytes | bytearray, max_items: int, max_values: int, max_chars: int

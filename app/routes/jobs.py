@@ -27,6 +27,7 @@ from app.jobs.front import (
     list_json,
     owner_of,
     parse_job_request,
+    parse_request,
     start_job,
 )
 from app.jobs.model import Item, Job, JobNotFound, JobNotReady
@@ -96,6 +97,8 @@ def _inline(schema: dict[str, Any]) -> dict[str, Any]:
 
 _JOB_REQUEST = {"requestBody": {"required": True, "content": {
     JSON: {"schema": _inline(JobRequest.model_json_schema())}}}}
+_BATCH_REQUEST = {"requestBody": {"required": True, "content": {
+    JSON: {"schema": _inline(BatchRequest.model_json_schema())}}}}
 
 
 def _outputs(request: Request) -> Outputs | None:
@@ -113,13 +116,14 @@ async def _job(runner: JobRunner, job_id: str, owner: str) -> Job:
 # -- batch -------------------------------------------------------------------------------------
 
 @router.post("/v1/audio/batch", responses={**ERROR_RESPONSES, 202: {"model": JobCard}},
-             response_class=Response)
-async def create_batch(body: BatchRequest, request: Request, service: ServiceDep,
-                       owner: OwnerDep, request_id: RequestIdDep, client: ClientDep) -> Response:
+             response_class=Response, openapi_extra=_BATCH_REQUEST)
+async def create_batch(request: Request, service: ServiceDep, owner: OwnerDep,
+                       request_id: RequestIdDep, client: ClientDep) -> Response:
+    """Speech bodies, at most `VOXMUX_BATCH_MAX_JOB_ITEMS` (counted before the body is parsed
+    whole, in a worker thread): a ZIP of their audio, or above `VOXMUX_BATCH_MAX_ITEMS` a job."""
     settings = service.settings
-    if len(body.items) > settings.batch_max_job_items:
-        raise InvalidParameter(f"A batch takes at most {settings.batch_max_job_items} items",
-                               param="items")
+    body = await asyncio.to_thread(parse_request, BatchRequest, await _body(request),
+                                   settings.batch_max_job_items, settings.jobs_max_chars)
     if len(body.items) > settings.batch_max_items:
         runner = _runner(request)  # only a batch that becomes a job needs the store
         items = batch_items(body.items)
@@ -136,25 +140,31 @@ async def create_batch(body: BatchRequest, request: Request, service: ServiceDep
         await asyncio.to_thread(outputs.write, f"batch-{request_id}", "zip", data,
                                 {"route": "/v1/audio/batch", "request_id": request_id,
                                  **manifest})
-    return Response(data, media_type="application/zip", headers={
-        "Content-Disposition": 'attachment; filename="batch.zip"'})
+    return _sent(data, "application/zip",
+                 headers={"Content-Disposition": 'attachment; filename="batch.zip"'})
 
 
 # -- jobs --------------------------------------------------------------------------------------
 
 def _json(body: bytes, status_code: int = 200, headers: dict[str, str] | None = None
           ) -> Response:
-    """`body` (JSON made in a worker thread) as the answer: whole when short, else in pieces of
-    `PIECE_BYTES`, its length declared."""
+    """`body` (JSON made in a worker thread) as the answer (`_sent`)."""
+    return _sent(body, JSON, status_code, headers)
+
+
+def _sent(body: bytes, media_type: str, status_code: int = 200,
+          headers: dict[str, str] | None = None) -> Response:
+    """`body` as the answer: whole when short, else in pieces of `PIECE_BYTES`, its length
+    declared (one send of many megabytes holds the loop about 10 ms a megabyte)."""
     if len(body) <= PIECE_BYTES:
-        return Response(body, status_code=status_code, media_type=JSON, headers=headers)
+        return Response(body, status_code=status_code, media_type=media_type, headers=headers)
 
     async def pieces() -> AsyncIterator[bytes]:
         view = memoryview(body)
         for at in range(0, len(body), PIECE_BYTES):
             yield bytes(view[at:at + PIECE_BYTES])
 
-    return StreamingResponse(pieces(), status_code=status_code, media_type=JSON,
+    return StreamingResponse(pieces(), status_code=status_code, media_type=media_type,
                              headers={**(headers or {}), "Content-Length": str(len(body))})
 
 
