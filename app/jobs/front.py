@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import io
 import json
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -99,6 +98,20 @@ def parse_request(model: type[M], raw: bytes | bytearray, max_items: int, max_ch
         raise InvalidParameter(message, param=param, code=first.get("type")) from None
 
 
+class _Pieces:
+    """A body read a piece at a time, without a copy of the whole (`io.BytesIO` makes one)."""
+
+    def __init__(self, raw: bytes | bytearray) -> None:
+        self._view = memoryview(raw)
+        self._at = 0
+
+    def read(self, size: int = -1) -> bytes:
+        end = len(self._view) if size < 0 else self._at + size
+        piece = bytes(self._view[self._at:end])
+        self._at += len(piece)
+        return piece
+
+
 def count_request(raw: bytes | bytearray, max_items: int, max_values: int, max_chars: int
                   ) -> None:
     """`OverBudget` at the first value past `max_items` items, `max_values` JSON values, or,
@@ -108,7 +121,7 @@ def count_request(raw: bytes | bytearray, max_items: int, max_values: int, max_c
     items = values = chars = 0
     epub = False
     try:
-        for prefix, event, value in ijson.parse(io.BytesIO(raw), buf_size=CHUNK_BYTES):
+        for prefix, event, value in ijson.parse(_Pieces(raw), buf_size=CHUNK_BYTES):
             if event not in _SCALARS:
                 continue
             values += 1
