@@ -95,5 +95,5 @@ def test_a_slow_job_store_never_stalls_the_event_loop(
     assert answers[2] == 1  # the done job's one event
     assert cancelled.json()["status"] == "cancelled" and purged.status_code == 200
     assert on_loop.calls == []
-    assert len(health.times) > 5  # /health answered all along
-    print(f"/health {max(health.times):.2f} s at worst, {len(health.times)} answers")
+    assert len(health.times) > 5  # /health answered all along, within the generous
+    assert max(health.times) < 1.0  # bound (a loaded machine's 0.43 s is no stall)

@@ -81,7 +81,7 @@ def test_a_card_of_100000_chapters_is_built_off_the_event_loop(
             "ready": False, "duration_s": None, "audio": None, "captions": None, "error": None}
         assert answer.headers["content-type"] == "application/json"
         assert on_loop.calls == []
-        print(f"/health {max(health.times):.2f} s at worst, {len(health.times)} answers")
+        assert max(health.times) < 1.0, f"/health took {max(health.times):.2f} s"
     finally:
         live.app.state.jobs.store.delete(job)
 

@@ -194,7 +194,7 @@ def test_a_flood_of_entries_stalls_nobody(flooded: LiveServer,
     assert [(r["text"], r["read_as"]) for r in report] == [(words[0], "jiff")]
     assert json.loads(after.headers["x-voxmux-normalization"])[0]["read_as"] == "jaff"
     assert on_loop.calls == []
-    assert probe.worst < 5.0, f"/health waited {probe.worst:.2f} s"  # 19 s on the loop
+    assert probe.worst < 1.0, f"/health waited {probe.worst:.2f} s"  # 19 s on the loop
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "over_budget"
     assert "VOXMUX_LEXICONS_MAX_ENTRIES_PER_OWNER" in refused.json()["error"]["message"]
 
@@ -252,7 +252,7 @@ def test_a_reading_that_multiplies_the_text_is_refused_off_the_loop(
     error = response.json()["error"]
     assert error["code"] == "over_budget" and "VOXMUX_MAX_INPUT_CHARS" in error["message"]
     assert on_loop.calls == []
-    print(f"/health waited {probe.worst:.2f} s at worst")
+    assert probe.worst < 1.0, f"/health waited {probe.worst:.2f} s"  # 3 s on the loop
 
 
 def test_a_lexicon_of_many_bad_entries_is_refused_with_its_first_problem(
