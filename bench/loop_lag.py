@@ -282,6 +282,21 @@ def alive(pid: int) -> bool:
     return bool(status != psutil.STATUS_ZOMBIE)
 
 
+def warmed(server: Server, client: httpx.Client) -> None:
+    """One ordinary request, then until the server's RSS holds still (at most 15 s): what a
+    server does once after it is ready (py3langid's model, read at start in a thread, is
+    about 70 MB) is not counted against the load measured next."""
+    speech(client, "Hello there, this is a warm-up.")
+    deadline = time.monotonic() + 15
+    last = server.rss()
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = server.rss()
+        if abs(now - last) < MB:
+            return
+        last = now
+
+
 class RssWatch:
     """The server's RSS read every `POLL_S` in a thread, from construction to `stop()`."""
 
@@ -454,6 +469,7 @@ def lexicon_flood(plan: Plan) -> dict[str, Any]:
     with fresh_server() as server, httpx.Client(base_url=server.url,
                                                 timeout=REQUEST_TIMEOUT_S) as client, \
             probing(server) as probe:
+        warmed(server, client)
         watch = RssWatch(server)
         with probe.window("create"):
             for i in range(plan.lexicons):
@@ -680,6 +696,8 @@ def wyoming(plan: Plan) -> dict[str, Any]:
                     if time.monotonic() > deadline:
                         raise RuntimeError("Wyoming is not listening") from None
                     time.sleep(0.2)
+            with httpx.Client(base_url=server.url, timeout=REQUEST_TIMEOUT_S) as client:
+                warmed(server, client)
             watch = RssWatch(server)
             with probe.window("hold"):
                 began = time.monotonic()
@@ -711,6 +729,7 @@ def bomb(label: str, act: Callable[[httpx.Client], Answer]) -> dict[str, Any]:
     """`act` on a fresh server: its answer and the server's RSS growth."""
     with fresh_server(must_live=False) as server, httpx.Client(
             base_url=server.url, timeout=REQUEST_TIMEOUT_S) as client:
+        warmed(server, client)
         watch = RssWatch(server)
         answer = act(client)
         rss = watch.stop()

@@ -282,7 +282,8 @@ class SpeechService:
             plan.offsets = segment_offsets(text, plan.segments)
         self._validate_voice(plan, plan.segments[0])
         if not internal:
-            self._check_costs(plan, plan.text if isinstance(plan.text, str) else text)
+            spoken = plan.text if isinstance(plan.text, str) else text
+            await _off_loop(len(spoken), self._check_costs, plan, spoken)
         return plan
 
     def replan(self, *, model: str, text: str, record: CutRecord, end: int, start: int,

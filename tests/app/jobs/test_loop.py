@@ -97,3 +97,19 @@ def test_a_slow_job_store_never_stalls_the_event_loop(
     assert on_loop.calls == []
     assert len(health.times) > 5  # /health answered all along, within the issue's generous
     assert max(health.times) < 1.0  # bound (a loaded machine's 0.43 s is no stall)
+
+
+def test_a_book_length_chapter_is_planned_off_the_event_loop(
+        live: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job of one 2 M-character chapter had its letters counted against the audio budget on
+    the event loop (`/health` waited 160 ms in `bench/loop_lag.py`): the cut and the costs of
+    a long text are worked out in a thread."""
+    service = live.app.state.service
+    on_loop = OnLoop(monkeypatch).guard(service, ["cut", "_check_costs"])
+    with live.client() as client:
+        created = client.post("/v1/audio/jobs", json={
+            "model": "espeak", "voice": "en-us", "response_format": "pcm",
+            "input": PARAGRAPH * 1000})
+        assert created.status_code == 202, created.text
+        client.delete(f"/v1/audio/jobs/{created.json()['id']}", params={"purge": "true"})
+    assert on_loop.calls == []
