@@ -32,6 +32,7 @@ from app.routes import (
 from app.serving import collector
 from app.serving.catalogue import Catalogue
 from app.serving.fleet import Fleet
+from app.serving.redis_watch import RedisWatch
 from app.serving.render import Renderer
 from app.serving.scheduler import Lane
 from app.serving.service import SpeechService
@@ -107,6 +108,7 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
     service = SpeechService(settings, registry, renderer=renderer, fleet=fleet,
                             languages=catalogue.languages)
     outputs = Outputs(settings.outputs_dir) if settings.outputs_dir else None
+    redis_watch = RedisWatch(settings.cache_url) if settings.cache_url else None
     runner = JobRunner(service, settings, on_done=None if outputs is None else (
         lambda store, job: keep_job(outputs, store, job, settings.chapter_pause_ms)))
 
@@ -135,6 +137,8 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
             service.close()
             await registry.close()
             await service.cache.close()
+            if redis_watch is not None:
+                await redis_watch.close()
 
     app = FastAPI(title="VoxMux", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
@@ -143,6 +147,7 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
     app.state.runtime = runtime
     app.state.jobs = runner
     app.state.outputs = outputs
+    app.state.redis_watch = redis_watch
     edge.install(app, settings)
     guarded = [Depends(require_synthesis)]  # WebSocket routes call authorize_websocket instead
     for module in (speech, captioned, models, cancel, native, jobs, lexicons):

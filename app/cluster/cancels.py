@@ -8,7 +8,9 @@ exactly their answers (at most `REPLY_SECONDS`). Nothing is registered per reque
 left behind by a replica that died: it simply no longer listens.
 
 Without Redis a cancel reaches only the requests of the replica that received it (`/health` says
-so when there are several).
+so when there are several). A Redis that stops answering is the same for as long as it is out:
+the cancel answers with what this replica cancelled (never a 500), the channel is listened to
+again once Redis is back, and `/health` says `degraded` meanwhile.
 """
 
 from __future__ import annotations
@@ -63,11 +65,21 @@ class RedisCancels:
     def __init__(self, url: str, replica: str) -> None:
         import redis.asyncio as redis
 
-        self._redis = redis.Redis.from_url(url, socket_connect_timeout=5)
+        self._redis = redis.Redis.from_url(url, socket_connect_timeout=2)
         self._replica = replica
         self._listening = False
 
     async def cancel(self, request_id: str) -> int:
+        from redis.exceptions import RedisError
+
+        try:
+            return await self._cancel(request_id)
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning("cancel of %s stays on this replica: Redis does not answer (%s)",
+                        request_id, exc)
+            return 0
+
+    async def _cancel(self, request_id: str) -> int:
         reply = f"{{voxmux}}:cancelled:{uuid.uuid4().hex}"
         message = json.dumps({"id": request_id, "reply": reply, "from": self._replica})
         heard: int = await self._redis.publish(CHANNEL, message)

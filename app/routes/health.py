@@ -1,9 +1,9 @@
 """`GET /health`: `ok` whenever the server can serve, an idle one included (LunaVox's clients know
 `ok`, `loading` and `error`); `idle: true` says that no model is loaded (the next request loads
 its model). `loading` until the preloaded models are ready; `degraded` names a problem: a model
-in error, CUDA asked for but missing. Each model says which onnxruntime providers it really runs
-on (`providers`: CUDA first, or only the CPU it fell back to; empty while unloaded and for
-eSpeak NG, which runs on the host CPU)."""
+in error, CUDA asked for but missing, a Redis (`VOXMUX_CACHE_URL`) that does not answer. Each
+model says which onnxruntime providers it really runs on (`providers`: CUDA first, or only the
+CPU it fell back to; empty while unloaded and for eSpeak NG, which runs on the host CPU)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,10 @@ async def health(request: Request, service: ServiceDep) -> Health:
         for model_id, v in views.items()
     }
     warnings = list(request.app.state.runtime.fallbacks)
+    if request.app.state.redis_watch is not None:
+        problem = await request.app.state.redis_watch.problem()
+        if problem is not None:
+            warnings.append(problem)
     ready = request.app.state.ready.is_set()
     cluster = None
     if replicas is not None and service.fleet is not None:
