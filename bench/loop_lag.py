@@ -770,7 +770,7 @@ def code_state() -> dict[str, Any]:
     """The commit measured and the files changed on top of it."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
-                              check=False).stdout.strip()
+                              check=False).stdout.rstrip()
     return {"commit": git("rev-parse", "--short", "HEAD") or "unknown (not a git checkout)",
             "modified": [line[3:] for line in git("status", "--porcelain",
                                                   "--untracked-files=no").splitlines()]}
