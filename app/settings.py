@@ -207,6 +207,11 @@ class Settings(BaseSettings):
     `VOXMUX_RAY_ENGINE_AUTOSCALING__LOOK_BACK_PERIOD_S=10`."""
     ray_engine_cpus: float = Field(1, ge=0)
     """CPUs Ray reserves for each engine replica."""
+    ray_engine_ongoing: int | None = Field(None, ge=1)
+    """Requests one engine replica takes at once: `concurrency` of them render and the rest
+    wait on the replica, where its lane gives turns fairly by client and the next segment is
+    already there when an engine call ends; empty: four times `concurrency`. Serve holds the
+    requests beyond it (`queue_size` at most) until a replica has room."""
     ray_model_resources: dict[str, dict[str, float]] = {}
     """Ray resources a model's engine replicas need, by model id, e.g.
     `VOXMUX_RAY_MODEL_RESOURCES__KOKORO__GPU=1` or a custom resource a node was started with

@@ -14,9 +14,15 @@ in a subprocess, a local Ray cluster of 2 CPUs in this one), the systems taking 
   process; the engine replica, the ingress, Serve's proxy and Ray's own processes), and of the
   busiest threads of the server and of the engine replica (the one calling onnxruntime, then
   onnxruntime's own);
-- first audio of 8 simultaneous streams, three bursts, with autoscaling on (one replica of one
-  CPU at start, at most two, the default delays): p50 and p95 over the bursts, and how many
-  engine replicas ran after each, beside the single process's;
+- first audio of 8 and of 16 simultaneous streams, three bursts each, on the single process and
+  on one engine replica of the same shape (both CPUs, one request rendering at a time): p50, p95
+  and the last stream's, and the ratio of the p50s;
+- first audio of 8 simultaneous streams with autoscaling on (one replica of one CPU at start, at
+  most two, the default delays): p50 and p95 over the bursts, and how many engine replicas ran
+  after each;
+- failover: an engine replica killed (`SIGKILL`) while it streams, then short requests one after
+  another: seconds from the kill to the first one served whole, with two replicas (the other
+  one serves) and with one (Serve starts a replacement, which loads the model);
 - interference, without Ray: Piper in this process on two onnxruntime threads, rendering the
   same sentences alone and beside a process that keeps a quarter of one core busy (Ray's own
   processes took about that under load), rounds alternating.
@@ -27,6 +33,7 @@ other engineers use this machine too.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import statistics
 import subprocess
@@ -58,6 +65,7 @@ THROUGHPUT_REQUESTS = 24
 THROUGHPUT_ROUNDS = 2
 BURST = 8
 BURSTS = 3
+BURST_SIZES = (8, 16)
 SINGLE = {"VOXMUX_CACHE_MAX_ITEMS": "0", "VOXMUX_PRELOAD": "piper"}
 PROCESSES = {"engine replica": "ServeReplica:voxmux:VoxMuxEngines",
              "ingress": "ServeReplica:voxmux:VoxMux", "proxy": "ProxyActor",
@@ -189,6 +197,88 @@ def bursts(system: System, offset: int, engines: Any = None) -> dict[str, Any]:
     return out
 
 
+def burst_sizes(systems: list[System], offset: int) -> dict[str, Any]:
+    """For each of `BURST_SIZES`, `BURSTS` bursts of that many requests at once on each
+    system in turn: first audio p50, p95 and last (ms) over all of them, and ray / single."""
+    found: dict[str, Any] = {}
+    for size in BURST_SIZES:
+        firsts: dict[str, list[float]] = {s.name: [] for s in systems}
+        for index in range(BURSTS):
+            for system in systems[index % 2:] + systems[: index % 2]:
+                batch = texts(size, offset + 100 * index + 1000 * size)
+                with concurrent.futures.ThreadPoolExecutor(size) as pool:
+                    firsts[system.name] += [s.ttfa for s in pool.map(system.request, batch)]
+        row: dict[str, Any] = {}
+        for name, values in firsts.items():
+            summary = percentiles(values)
+            row[name] = {"p50_ms": round(summary["p50"] * 1000), "p95_ms":
+                         round(summary["p95"] * 1000), "last_ms": round(max(values) * 1000),
+                         "streams": len(values)}
+        names = [s.name for s in systems]
+        row[f"{names[1]} / {names[0]} p50"] = round(
+            row[names[1]]["p50_ms"] / row[names[0]]["p50_ms"], 2)
+        found[str(size)] = row
+    return found
+
+
+def engine_pids() -> list[int]:
+    """The process ids of the engine replicas."""
+    import ray
+
+    from app.cluster.app import APP_NAME, ENGINES
+
+    pids = []
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["name"].startswith(f"SERVE_REPLICA::{APP_NAME}#{ENGINES}#"):
+            handle = ray.get_actor(actor["name"], namespace=actor["namespace"])
+            pids.append(ray.get(handle.__ray_call__.remote(lambda _: os.getpid())))
+    return pids
+
+
+def failover(url: str) -> dict[str, Any]:
+    """A long stream started, one engine replica killed once its first audio arrived, then
+    short requests one after another (each given 60 s): seconds from the kill to the first one
+    answered whole, and how many failed before it."""
+    import signal
+    import threading
+
+    pids = engine_pids()
+    streaming = threading.Event()
+
+    def stream() -> None:
+        with contextlib.suppress(httpx.HTTPError), httpx.Client(timeout=120) as http, \
+                http.stream("POST", url + "/v1/audio/speech", json={
+                    "model": "piper", "input": f"Failover. {sentences(20)}",
+                    "response_format": "pcm"}) as response:
+            for _ in response.iter_bytes():
+                streaming.set()
+
+    thread = threading.Thread(target=stream, daemon=True)
+    thread.start()
+    if not streaming.wait(60):
+        raise RuntimeError("the stream to kill did not start")
+    victim = pids[0]
+    os.kill(victim, signal.SIGKILL)
+    killed = time.perf_counter()
+    failed = 0
+    with httpx.Client(timeout=60) as http:
+        while time.perf_counter() - killed < 120:
+            try:
+                answer = http.post(url + "/v1/audio/speech", json={
+                    "model": "piper", "input": f"After the kill {failed}.",
+                    "response_format": "pcm"})
+                if answer.status_code == 200 and answer.content:
+                    break
+            except httpx.HTTPError:
+                pass
+            failed += 1
+            time.sleep(0.05)
+    served = time.perf_counter() - killed
+    thread.join(30)
+    return {"replicas": len(pids), "next_served_s": round(served, 2),
+            "failed_before": failed}
+
+
 def ray_settings(port: int, **options: Any) -> Settings:
     values: dict[str, Any] = {
         "preload": ["piper"], "port": port, "cache_max_items": 0,
@@ -256,8 +346,8 @@ def main() -> None:
             runs = loads([single, ray1], 2000, audio_s)
             result["machine_single_vs_one_replica"] = work.shares()
             work = OtherWork()
-            result["simultaneous"] = {"single": bursts(single, 9000)}
-            result["machine_simultaneous_single"] = work.shares()
+            result["burst"] = burst_sizes([single, ray1], 9000)
+            result["machine_burst"] = work.shares()
         redeploy(ray_settings(settings.port, ray_engine_replicas=2, ray_engine_max_replicas=2,
                               ray_engine_cpus=1), replicas=2)
         ray2 = VoxMuxClient(url, name="ray-2")
@@ -265,14 +355,17 @@ def main() -> None:
         work = OtherWork()
         runs |= {k: v for k, v in loads([ray2], 5000, audio_s).items()}
         result["machine_two_replicas"] = work.shares()
+        result["failover"] = [failover(url)]
         redeploy(ray_settings(settings.port, ray_engine_replicas=1, ray_engine_max_replicas=2,
                               ray_engine_cpus=1), replicas=1)
         scaling = VoxMuxClient(url, name="ray-autoscaling")
         scaling.request(texts(1, 1)[0])
         work = OtherWork()
-        result["simultaneous"]["ray-autoscaling"] = bursts(
-            scaling, 7000, lambda: running_engines(url))
+        result["simultaneous"] = {"ray-autoscaling": bursts(
+            scaling, 7000, lambda: running_engines(url))}
         result["machine_simultaneous_ray"] = work.shares()
+        wait_ready(url, replicas=1)
+        result["failover"].append(failover(url))
     finally:
         launch.stop(local=True)
     work = OtherWork()

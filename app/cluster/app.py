@@ -4,13 +4,16 @@
 tooling (`serve run app.cluster.app:build_app`, KubeRay's RayService `import_path`), with the
 settings taken from the environment (`VOXMUX_*`, set in the runtime env) and the arguments.
 
-Serve admits and queues; the replicas only render. An engine replica runs `concurrency` render
-sessions at once (Serve's `max_ongoing_requests`), requests beyond wait in Serve's queue in front
-of the replicas, up to `queue_size` per ingress replica (`max_queued_requests`), and one more is a
-429 with `Retry-After`. Serve sends a model's requests to the replicas holding it while they have
-room, then places it on another replica (a waiting request is tried again at most
-`ray_router_max_backoff` seconds apart), and its autoscaling adds engine replicas while requests
-wait (up to `ray_engine_max_replicas`) and removes them when the load has gone. A model with
+Serve admits and queues; the replicas only render. An engine replica takes `engine_ongoing`
+requests (Serve's `max_ongoing_requests`, four times `concurrency` by default): `concurrency` of
+them render and the rest wait for turns that its lane hands out fairly by client. Requests beyond
+wait in Serve's queue in front of the replicas, up to `queue_size` per ingress replica
+(`max_queued_requests`), and one more is a 429 with `Retry-After`. Serve sends a model's
+requests to the replicas holding it while they have room, then places it on another replica (a
+waiting request is tried again at most `ray_router_max_backoff` seconds apart), and its
+autoscaling adds engine replicas while more requests than `concurrency` are on each (up to
+`ray_engine_max_replicas`) and removes them when the load has gone. Both deployments are
+health-checked and finish their requests before they stop (`lifecycle`). A model with
 resources of its own (`ray_model_resources`: a GPU, a node's custom resource) has an engine
 deployment of its own whose replicas Ray places only where those resources are.
 """
@@ -57,6 +60,30 @@ def engine_scaling(settings: Settings) -> dict[str, Any]:
     }}
 
 
+def engine_ongoing(settings: Settings) -> int:
+    """Requests an engine replica takes at once (`ray_engine_ongoing`, or four per engine
+    thread): more than it renders, so a burst waits in the replica's fair turns rather than
+    in Serve's router, which only hands a request on when a replica has room."""
+    return settings.ray_engine_ongoing or 4 * settings.concurrency
+
+
+SHUTDOWN_GRACE_SECONDS = 30.0
+"""Beyond the request timeout, how long a replica being replaced or scaled down waits for its
+requests to end."""
+HEALTH_PERIOD_SECONDS = 5.0
+
+
+def lifecycle(settings: Settings) -> dict[str, Any]:
+    """Serve's health checks and graceful shutdown for both deployments: a replica is checked
+    every `HEALTH_PERIOD_SECONDS` (`check_health`), and one being stopped (a downscale, a new
+    version, a RayService upgrade) finishes its longest request first (Serve's default, 20 s,
+    cut long streams)."""
+    return {"health_check_period_s": HEALTH_PERIOD_SECONDS,
+            "health_check_timeout_s": 3 * HEALTH_PERIOD_SECONDS,
+            "graceful_shutdown_timeout_s": settings.request_timeout + SHUTDOWN_GRACE_SECONDS,
+            "graceful_shutdown_wait_loop_s": 1.0}
+
+
 def build(settings: Settings, *, engine_options: dict[str, Any] | None = None,
           ingress_options: dict[str, Any] | None = None) -> Application:
     """The application for `settings`; the options override Serve deployment options."""
@@ -66,7 +93,8 @@ def build(settings: Settings, *, engine_options: dict[str, Any] | None = None,
                           ) -> Application:
         return serve.deployment(name=name)(Engines).options(**{
             **engine_scaling(settings),
-            "max_ongoing_requests": settings.concurrency,
+            **lifecycle(settings),
+            "max_ongoing_requests": engine_ongoing(settings),
             "max_queued_requests": settings.queue_size,
             "request_router_config": {
                 "initial_backoff_s": min(0.025, settings.ray_router_max_backoff),
@@ -80,6 +108,7 @@ def build(settings: Settings, *, engine_options: dict[str, Any] | None = None,
     pinned = {model: engine_deployment(placed_name(model), resources, [model])
               for model, resources in placed.items()}
     ingress: Application = serve.deployment(name=INGRESS)(serve.ingress()(Ingress)).options(**{
+        **lifecycle(settings),
         "num_replicas": settings.ray_ingress_replicas,
         "max_ongoing_requests": settings.ray_ingress_max_ongoing,
         "ray_actor_options": {"num_cpus": settings.ray_ingress_cpus},

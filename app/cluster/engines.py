@@ -29,7 +29,7 @@ import ray
 from ray import serve
 
 from app.cluster.messages import Failure, RenderRequest, Segment, Update
-from app.cluster.reports import REPORT_SECONDS, ReplicaGauges
+from app.cluster.reports import REPORT_SECONDS, ReplicaGauges, live_replicas
 from app.serving.catalogue import Catalogue
 from app.serving.fleet import ReplicaModel, ReplicaState
 from app.serving.render import LocalRenderer, Progress, RenderWork
@@ -40,6 +40,11 @@ from engines.base import CancelToken, EngineBusy, SynthesisFailed, VoxMuxError
 from engines.registry import EngineRegistry, ModelStatus
 
 log = logging.getLogger(__name__)
+
+CALLER_CHECK_SECONDS = 0.5
+"""How often an engine replica checks that the ingress replicas it works for are alive."""
+STUCK_GRACE_SECONDS = 30.0
+"""An engine call this long past the request timeout has not stopped when told: stuck."""
 
 def intra_op_threads(configured: int, cpus: float) -> int:
     """onnxruntime's threads per inference on a replica granted `cpus` CPUs: the setting when
@@ -92,6 +97,10 @@ class Engines:
         self._gauges = ReplicaGauges(self.node)
         self._loop = asyncio.get_running_loop()
         self._draining: set[str] = set()
+        self._sessions: dict[str, dict[str, bool]] = {}
+        """Model -> its render sessions on this replica -> whether each has had an engine turn
+        (rendering) or still waits for one (queued): Serve admits, so the lane's own places
+        are never taken."""
         self._served: Counter[str] = Counter()
         self._rendered: Counter[str] = Counter()
         self._changed = asyncio.Event()
@@ -102,6 +111,10 @@ class Engines:
 
         self.resident: Callable[[str], Awaitable[Resident]] = serve.multiplexed(
             max_num_models_per_replica=settings.ray_models_per_replica)(place)
+        self._app = context.app_name
+        self._calls: dict[str, tuple[str, CancelToken, asyncio.Task[None]]] = {}
+        """Ticket -> the ingress replica that asked, the session's cancel and its task."""
+        self._orphans = asyncio.create_task(self._stop_orphans())
         self._reporter = asyncio.create_task(self._report_loop())
         self._preload = asyncio.create_task(self._preload_models())
 
@@ -169,11 +182,13 @@ class Engines:
         items: asyncio.Queue[Update | Segment | Failure | None] = asyncio.Queue()
         cancel = CancelToken()
         task = asyncio.create_task(self._session(request, cancel, items))
+        self._calls[request.ticket] = (request.caller, cancel, task)
         self._touch()
         try:
             while (item := await items.get()) is not None:
                 yield item
         finally:
+            self._calls.pop(request.ticket, None)
             cancel.cancel()
             if not task.done():
                 task.cancel()
@@ -186,8 +201,17 @@ class Engines:
                        items: asyncio.Queue[Update | Segment | Failure | None]) -> None:
         failed: list[VoxMuxError] = []
 
-        def progress(step: Progress) -> None:
-            items.put_nowait(Update(step))
+        told: list[Progress] = []
+        sessions = self._sessions.setdefault(request.model_id, {})
+        sessions[request.ticket] = False
+
+        def progress(step: Progress) -> None:  # each change once ("running" comes per segment)
+            if not told or told[-1] != step:
+                told.append(step)
+                items.put_nowait(Update(step))
+                if step == "running" and request.ticket in sessions:
+                    sessions[request.ticket] = True
+                    self._touch()
 
         def abandon(error: BaseException) -> None:  # a timeout: told now, engine still stopping
             if isinstance(error, VoxMuxError) and not failed:
@@ -206,7 +230,7 @@ class Engines:
                 for text in request.segments:
                     rendered = await session.render(text)
                     self._rendered[request.model_id] += 1
-                    items.put_nowait(Segment(rendered.chunks, self.replica, rendered.words))
+                    items.put_nowait(Segment.of(rendered.chunks, self.replica, rendered.words))
         except VoxMuxError as exc:
             if not failed:
                 items.put_nowait(Failure(exc))
@@ -214,8 +238,52 @@ class Engines:
             log.exception("render session failed")
             items.put_nowait(Failure(SynthesisFailed(f"The engine replica failed: {exc}")))
         finally:
+            sessions.pop(request.ticket, None)
             items.put_nowait(None)
             self._touch()
+
+    async def _stop_orphans(self) -> None:
+        """Every `CALLER_CHECK_SECONDS` while sessions run: a session whose ingress replica is
+        no longer a live actor (it died, its node went) is stopped, its engine call told to
+        stop at its next step, so a long job part or request does not render on for nobody."""
+        while True:
+            await asyncio.sleep(CALLER_CHECK_SECONDS)
+            callers = {caller for caller, _, _ in self._calls.values() if caller}
+            if not callers:
+                continue
+            by_deployment: dict[str, set[str]] = {}
+            for caller in callers:
+                deployment, _, replica = caller.partition("#")
+                by_deployment.setdefault(deployment, set()).add(replica)
+            try:
+                alive = await asyncio.to_thread(live_replicas, self._app, set(by_deployment))
+            except Exception as exc:  # the GCS busy or restarting: next time
+                log.warning("could not list the ingress replicas: %s", exc)
+                continue
+            for ticket, (caller, cancel, task) in list(self._calls.items()):
+                if caller and caller.partition("#")[2] not in alive:
+                    log.warning("stopping %s: its ingress replica %s is gone", ticket, caller)
+                    self._calls.pop(ticket, None)
+                    cancel.cancel()
+                    task.cancel()
+
+    # -- health ------------------------------------------------------------------------------
+
+    def check_health(self) -> None:
+        """Serve's health check (every `HEALTH_PERIOD_SECONDS`): a replica fails it, and Serve
+        replaces it, when an engine call has run past the request timeout and a grace (it did
+        not stop when told: a hung inference holds its thread and turn for good), or when a
+        model failed to load and nothing is being rendered here (a fresh process is the
+        retry that cuts nobody short)."""
+        limit = self.settings.request_timeout + STUCK_GRACE_SECONDS
+        for handle in self.registry.handles():
+            stuck = handle.lane.longest_call()
+            if stuck > limit:
+                raise RuntimeError(f"an engine call of '{handle.id}' has run {stuck:.0f} s, "
+                                   f"past the {limit:g} s a call may take")
+        errors = [h for h in self.registry.handles() if h.status is ModelStatus.ERROR]
+        if errors and not any(self._sessions.values()):
+            raise RuntimeError(f"'{errors[0].id}' failed to load: {errors[0].error}")
 
     # -- reporting ---------------------------------------------------------------------------
 
@@ -228,13 +296,15 @@ class Engines:
     def state(self) -> ReplicaState:
         models = {}
         for handle in self.registry.handles():
-            lane = handle.lane.state()
-            if handle.status is ModelStatus.UNLOADED and not lane.running + lane.queued:
+            sessions = self._sessions.get(handle.id, {})
+            running = sum(sessions.values())
+            if handle.status is ModelStatus.UNLOADED and not sessions:
                 continue
             models[handle.id] = ReplicaModel(
                 status=handle.status, refcount=handle.refcount, error=handle.error,
-                load_seconds=handle.load_seconds, running=lane.running, queued=lane.queued,
-                in_flight=lane.in_flight, slots=handle.lane.concurrency,
+                load_seconds=handle.load_seconds, running=running,
+                queued=len(sessions) - running, in_flight=handle.lane.in_flight,
+                slots=handle.lane.concurrency,
                 draining=handle.id in self._draining,
                 served=self._served[handle.id], rendered=self._rendered[handle.id],
                 providers=handle.providers)
@@ -249,6 +319,7 @@ class Engines:
             await asyncio.sleep(REPORT_SECONDS / 10)  # a burst of changes is one report
 
     async def __del__(self) -> None:
+        self._orphans.cancel()
         self._reporter.cancel()
         self._preload.cancel()
         await self.registry.close()

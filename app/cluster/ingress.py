@@ -46,9 +46,11 @@ class Ingress:
         """`engines`: the engine deployment's handle; `placed`: those of the models placed by
         resources, by model id."""
         self.settings = settings
-        self.replica = serve.get_replica_context().replica_id.unique_id
+        context = serve.get_replica_context()
+        self.replica = context.replica_id.unique_id
         self.renderer = RayRenderer(engines, open_cancels(settings.cache_url, self.replica),
-                                    settings.request_timeout, placed)
+                                    settings.request_timeout, placed,
+                                    caller=f"{context.deployment}#{self.replica}")
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         from app.main import create_app

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from app.audio.encoders import to_pcm16
 from app.serving.render import Progress
 from engines.base import Audio, VoxMuxError, WordTiming
+
+PCM_SCALE = np.float32(32767.0)
 
 
 @dataclass(frozen=True)
@@ -22,6 +27,9 @@ class RenderRequest:
     timings: bool = False
     client: str = ""
     """Who asked (the ingress knows): the replica's lanes share places and turns by client."""
+    caller: str = ""
+    """The ingress replica that sent it (`<deployment>#<replica id>`; empty for a caller that is
+    not a Serve replica): if it dies, the engine replica stops the work it asked for."""
 
 
 @dataclass(frozen=True)
@@ -40,8 +48,29 @@ class Failure:
 
 @dataclass(frozen=True)
 class Segment:
-    """One segment's finished audio chunks, its words, and the replica that rendered them."""
+    """One segment's finished audio, its words, and the replica that rendered them. The audio
+    travels as 16-bit PCM, its chunks' lengths beside it: half the bytes of float32, and what
+    wav, pcm and flac hold anyway (`to_pcm16` of what arrives is exactly `to_pcm16` of what was
+    rendered; the lossy encoders get a rounding 96 dB down)."""
 
-    chunks: list[Audio]
+    pcm: bytes
+    lengths: tuple[int, ...]
     replica: str
     words: tuple[WordTiming, ...] = ()
+
+    @classmethod
+    def of(cls, chunks: list[Audio], replica: str, words: tuple[WordTiming, ...] = ()
+           ) -> Segment:
+        joined = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+        return cls(to_pcm16(joined), tuple(len(c) for c in chunks), replica, words)
+
+    def chunks(self) -> list[Audio]:
+        """The chunks as float32, in an array of their own (`astype` copies: nothing stays
+        pinned in Ray's object store while a slow reader waits)."""
+        samples = np.frombuffer(self.pcm, dtype="<i2").astype(np.float32)
+        samples /= PCM_SCALE
+        chunks, at = [], 0
+        for length in self.lengths:
+            chunks.append(samples[at:at + length])
+            at += length
+        return chunks

@@ -6,11 +6,12 @@ front) each sentence is a call of its own. Serve's queue in front of the replica
 (`max_queued_requests`): a full one is the same `Overloaded` (429 with `Retry-After`) as a full
 lane. Leaving the session early (the client left, a cancel) cancels the call, which cancels the
 replica's session and with it the running engine call. Failures on the replica arrive as the very
-errors the single process raises. A replica that dies before a call has sent its first segment
-costs nothing but time: the call is sent again (Serve routes it to a live replica, or waits for
-the dead one's replacement). One that dies later ends the request with a `SynthesisFailed` (an
-SSE `error` event, a WebSocket `error` frame, a cut chunked body); one that stops answering, with
-a `RequestTimeout`.
+errors the single process raises. A replica that dies before a call's engine work began (the
+call waited in its queue) costs nothing but time: the call is sent again (Serve routes it to a
+live replica, or waits for the dead one's replacement). One that dies later ends the request with
+a `SynthesisFailed` (an SSE `error` event, a WebSocket `error` frame, a cut chunked body), and the
+call is never sent again, since it may be what killed the replica; one that stops answering ends
+it with a `RequestTimeout`.
 """
 
 from __future__ import annotations
@@ -24,13 +25,12 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
-import numpy as np
 from ray.exceptions import RayActorError, RayError
 from ray.serve.exceptions import BackPressureError
 
 from app.cluster.cancels import Cancels
 from app.cluster.messages import Failure, RenderRequest, Segment, Update
-from app.cluster.reports import read_replicas
+from app.cluster.reports import REPORT_SECONDS, live_replicas, read_replicas
 from app.serving.fleet import DeploymentStatus, ReplicaState
 from app.serving.render import Rendered, RenderSession, RenderWork
 from engines.base import Overloaded, RequestTimeout, SynthesisFailed
@@ -53,14 +53,19 @@ class RayRenderer:
     (`app.cluster.reports`), cancels travel through `cancels`."""
 
     def __init__(self, engines: Any, cancels: Cancels, timeout: float,
-                 placed: dict[str, Any] | None = None) -> None:
+                 placed: dict[str, Any] | None = None, caller: str = "") -> None:
         self._engines = engines
         self._placed = placed or {}
         """Handles of the engine deployments of models placed by resources."""
         self._cancels = cancels
         self.shared_cancel = cancels.shared
         self.timeout = timeout
+        self.caller = caller
+        """This ingress replica as the engine replicas know it (`RenderRequest.caller`)."""
         self._mean_seconds = 1.0
+        self._status_lock = asyncio.Lock()
+        self._replicas: list[ReplicaState] = []
+        self._read_at: float | None = None
 
     @asynccontextmanager
     async def session(self, work: RenderWork) -> AsyncIterator[RenderSession]:
@@ -75,7 +80,8 @@ class RayRenderer:
 
     def call(self, work: RenderWork, segments: tuple[str, ...]) -> Any:
         request = RenderRequest(work.ticket, work.model_id, work.voice, work.native_speed,
-                                work.stretch, work.language, segments, work.timings, work.client)
+                                work.stretch, work.language, segments, work.timings, work.client,
+                                self.caller)
         handle = self._placed.get(work.model_id, self._engines)
         options = handle.options(multiplexed_model_id=work.model_id, stream=True)
         return options.render.remote(request)
@@ -89,7 +95,19 @@ class RayRenderer:
         return [h.deployment_name for h in (self._engines, *self._placed.values())]
 
     async def replicas(self) -> list[ReplicaState]:
-        return await read_replicas(self._engines.app_name, set(self._deployments()))
+        """The engine replicas that are alive now, as they last reported: read at most once a
+        `REPORT_SECONDS` however many status reads and jobs ask (every node's metrics endpoint
+        is scraped), and only those Ray still lists (a killed replica's last report stayed
+        fresh for 15 s)."""
+        async with self._status_lock:
+            loop = asyncio.get_running_loop()
+            if self._read_at is None or loop.time() - self._read_at >= REPORT_SECONDS:
+                app, deployments = self._engines.app_name, set(self._deployments())
+                reports = await read_replicas(app, deployments)
+                alive = await asyncio.to_thread(live_replicas, app, deployments)
+                self._replicas = [r for r in reports if r.id in alive]
+                self._read_at = loop.time()
+            return self._replicas
 
     async def deployment(self) -> DeploymentStatus:
         """The engine deployments as one: the worst status, replicas by state summed."""
@@ -151,13 +169,18 @@ class _RaySession:
         self._pending: list[str] = []
         self._ended = True
         self._answered = False
-        """Whether the current call has sent a segment (then it cannot be sent elsewhere)."""
+        """Whether the current call has sent a segment."""
+        self._started = False
+        """Whether the current call's engine work began: a replica lost after that is not sent
+        the call again (the call may be what ended it: an engine that runs out of memory or
+        crashes on this input would end the next replica too)."""
         self._retries = 0
 
     def _call(self, segments: tuple[str, ...]) -> None:
         with self._mapped():
             self._stream = self._renderer.call(self._work, segments)
-        self._segments, self._ended, self._answered = segments, False, False
+        self._segments, self._ended = segments, False
+        self._answered = self._started = False
 
     async def render(self, text: str) -> Rendered:
         work = self._work
@@ -176,22 +199,20 @@ class _RaySession:
             except _ReplicaLost as lost:
                 # Nothing of this call has been sent on: it can start over on another replica
                 # (Serve routes around a dead one, or waits for its replacement).
-                if self._answered or self._retries >= RETRIES:
+                if self._started or self._retries >= RETRIES:
                     raise SynthesisFailed(f"The engine replica stopped: {lost}") from None
                 self._retries += 1
                 log.warning("engine replica lost before it answered (%s); trying again", lost)
                 self._call(self._segments)
                 continue
             if isinstance(item, Update):
+                self._started = self._started or item.progress == "running"
                 work.progress(item.progress)
             elif isinstance(item, Failure):
                 raise item.error
             elif isinstance(item, Segment):
                 self._answered = True
-                # Own copies: Ray hands large arrays out as read-only views of its object store,
-                # which they would keep pinned while they wait for a slow reader.
-                rendered = Rendered([np.array(chunk, dtype=np.float32, copy=True)
-                                     for chunk in item.chunks], item.words)
+                rendered = Rendered(item.chunks(), item.words)
                 if not self._pending:  # the call's last segment: read it to its end
                     await self._finish_stream()
                 return rendered

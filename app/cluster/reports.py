@@ -4,10 +4,12 @@ Each engine replica sets Ray metrics (`ray.serve.metrics.Gauge`, which Serve
 tags with the application, deployment and replica) from its `ReplicaState`, and each node's
 metrics agent exports them in Prometheus' text format (the endpoint an operator's Prometheus
 scrapes, names prefixed `ray_`). An ingress replica reads them back from every live node's
-endpoint when a status route asks (`read_replicas`), so `/health`, `/stats`, `/v1/models` and
-`/metrics` show which replica holds what without a singleton on any path. A replica that stops
-reporting (it died, or was scaled down) drops out after `STALE_SECONDS`. The figures are as fresh
-as Ray's metrics report interval (1 s on a local cluster, 10 s by Ray's default elsewhere).
+endpoint (`read_replicas`) at most once a `REPORT_SECONDS`, however many status reads ask
+(`RayRenderer.replicas`), so `/health`, `/stats`, `/v1/models` and `/metrics` show which replica
+holds what without a singleton on any path. Only the replicas Ray lists as live actors are kept
+(`live_replicas`): a killed one drops out at the next reading; one that stops reporting drops out
+after `STALE_SECONDS` too. The figures are as fresh as Ray's metrics report interval (1 s on a
+local cluster, 10 s by Ray's default elsewhere).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ REPORT_SECONDS = 1.0
 STALE_SECONDS = 5 * REPORT_SECONDS + 10
 """A replica whose last report is older than this is gone (Ray's default report interval is
 10 s: a live replica on a joined cluster must not age out between two of them)."""
+SCRAPE_SECONDS = 2.0
+"""How long a node's metrics endpoint may take to answer; a slower node's replicas are left out
+of that reading."""
 LOCAL_REPORT_MS = 1000
 """Ray's metrics report interval on a local cluster (`launch.start_local`)."""
 
@@ -125,6 +130,21 @@ def parse(texts: list[str], application: str, deployments: set[str]) -> list[Rep
     return sorted(states, key=lambda s: s.id)
 
 
+def live_replicas(application: str, deployments: set[str]) -> set[str]:
+    """The ids of the replicas of `deployments` that Ray lists as live actors now (Serve names
+    each `SERVE_REPLICA::<application>#<deployment>#<replica id>`). Blocking."""
+    import ray
+
+    found = set()
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        kind, _, rest = str(actor["name"]).partition("::")
+        parts = rest.split("#")
+        if kind == "SERVE_REPLICA" and len(parts) == 3 and parts[0] == application \
+                and parts[1] in deployments:
+            found.add(parts[2])
+    return found
+
+
 async def read_replicas(application: str, deployments: set[str]) -> list[ReplicaState]:
     """The engine replicas' last reports, from the metrics endpoint of every live node."""
     import ray
@@ -132,7 +152,7 @@ async def read_replicas(application: str, deployments: set[str]) -> list[Replica
     nodes = await asyncio.to_thread(ray.nodes)
     urls = [f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/metrics"
             for n in nodes if n.get("Alive") and n.get("MetricsExportPort")]
-    async with httpx.AsyncClient(timeout=5) as http:
+    async with httpx.AsyncClient(timeout=SCRAPE_SECONDS) as http:
         answers = await asyncio.gather(*(http.get(url) for url in urls),
                                        return_exceptions=True)
     texts = [a.text for a in answers if isinstance(a, httpx.Response) and a.is_success]

@@ -149,6 +149,17 @@ class JobRunner:
         self.shared = settings.jobs_store == "redis" or (
             settings.jobs_store == "auto" and bool(settings.cache_url)
             and self.service.fleet is not None)
+        if (self.service.fleet is not None and not self.shared
+                and settings.ray_ingress_replicas > 1):
+            # Each replica would keep its own SQLite file (or share one on a volume and both
+            # requeue the same interrupted jobs): jobs would be lost from one answer to the next.
+            self.unavailable = (
+                f"Jobs need a store every ingress replica shares, and "
+                f"{settings.ray_ingress_replicas} ingress replicas run "
+                "(VOXMUX_RAY_INGRESS_REPLICAS): set VOXMUX_CACHE_URL to a Redis "
+                "(VOXMUX_JOBS_STORE=auto or redis), or run one ingress replica")
+            log.error("jobs: %s", self.unavailable)
+            return
         if not await self._try_open():
             if self.shared:  # a Redis that starts after VoxMux (compose, Kubernetes): wait
                 self._tasks = [asyncio.create_task(self._open_later(), name="jobs-open")]

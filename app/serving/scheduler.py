@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import math
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -142,6 +143,8 @@ class Lane:
         self._mean_seconds = 1.0
         self._count_lock = threading.Lock()
         self._in_flight = 0
+        self._calls: dict[object, float] = {}
+        """Engine calls running now -> when each began (monotonic)."""
 
     # -- state -------------------------------------------------------------------------------
 
@@ -302,13 +305,22 @@ class Lane:
         return None
 
     def _counted(self, fn: Callable[[], T]) -> T:
+        call = object()
         with self._count_lock:
             self._in_flight += 1
+            self._calls[call] = time.monotonic()
         try:
             return fn()
         finally:
             with self._count_lock:
                 self._in_flight -= 1
+                del self._calls[call]
+
+    def longest_call(self) -> float:
+        """Seconds the longest-running engine call has run so far (0: none runs)."""
+        with self._count_lock:
+            oldest = min(self._calls.values(), default=None)
+        return 0.0 if oldest is None else time.monotonic() - oldest
 
     def close(self) -> None:
         """At shutdown: no new engine calls; one still running finishes in its thread."""

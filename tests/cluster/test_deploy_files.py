@@ -92,3 +92,46 @@ def test_engine_deployments_ask_serve_for_a_short_routing_backoff_and_gpus(tmp_p
     # A model placed on a GPU asks Ray for it as `num_gpus` (Ray refuses `GPU` in `resources`).
     options = placed["piper"]._bound_deployment.ray_actor_options
     assert options["num_gpus"] == 1 and "GPU" not in options["resources"]
+
+
+def test_jobs_refuse_a_store_of_their_own_behind_several_ingress_replicas(
+        tmp_path: Path) -> None:
+    """Without Redis, each ingress replica kept its own SQLite file (or, on a shared volume,
+    both requeued the same interrupted jobs): jobs answer 503 naming the fix instead."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from app.jobs.model import StoreUnavailable
+    from app.jobs.runner import JobRunner
+
+    async def started(**settings: object) -> str | None:
+        runner = JobRunner(SimpleNamespace(fleet=object()),  # type: ignore[arg-type]
+                           test_settings(tmp_path, **settings))
+        await runner.start()
+        try:
+            runner.available()
+        except StoreUnavailable as exc:
+            return str(exc)
+        finally:
+            await runner.stop()
+        return None
+
+    def refusal(**settings: object) -> str | None:
+        return asyncio.run(started(**settings))
+
+    refused = refusal(ray_ingress_replicas=2)
+    assert refused is not None and "VOXMUX_CACHE_URL" in refused
+    assert "VOXMUX_RAY_INGRESS_REPLICAS" in refused
+    assert not (tmp_path / "data" / "jobs.sqlite3").exists()
+    assert refusal(ray_ingress_replicas=1) is None  # one replica: its own store is the store
+
+
+def test_the_deployments_run_two_ingress_replicas() -> None:
+    """One ingress replica was every HTTP request's single point of failure."""
+    compose = yaml.safe_load((RAY / "compose.yaml").read_text())
+    service = yaml.safe_load((RAY / "rayservice.yaml").read_text())
+    (application,) = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
+    for env in (compose["services"]["ray-head"]["environment"],
+                application["runtime_env"]["env_vars"]):
+        assert int(env["VOXMUX_RAY_INGRESS_REPLICAS"]) >= 2
+        assert env["VOXMUX_CACHE_URL"].startswith("redis://")  # jobs and cancels shared

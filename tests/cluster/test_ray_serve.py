@@ -3,8 +3,8 @@
 One cluster for the module (it takes 10-30 s to start on this machine): two ingress replicas
 sharing a Redis cache, two engine replicas holding one model each, one request at a time per
 replica plus one queued (so overload is easy to reach). The later tests redeploy once with one
-engine replica (many streams from both ingress replicas, an eviction meeting a stream, killed
-replicas), the last one with autoscaling.
+engine replica rendering two requests and taking eight (many streams from both ingress
+replicas, an eviction meeting a stream, killed replicas), the last one with autoscaling.
 """
 
 from __future__ import annotations
@@ -83,9 +83,12 @@ class Deployed:
 def cluster(ray_available: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
     tmp = tmp_path_factory.mktemp("ray")
     with redis_server(tmp / "redis") as redis_url:
+        # A replica takes no more than it renders here (`ray_engine_ongoing` 1), so a second
+        # request goes to the other replica and overload is easy to reach; NARROW, below,
+        # takes the default (four per engine thread).
         settings = cluster_settings(tmp, cache_url=redis_url, ray_engine_replicas=2,
                                     ray_models_per_replica=1, ray_ingress_replicas=2,
-                                    jobs_segment_chars=200)
+                                    jobs_segment_chars=200, ray_engine_ongoing=1)
         launch.start_local(settings, log_to_driver=False)
         try:
             url = launch.deploy(settings)
@@ -423,9 +426,9 @@ def test_a_job_is_shared_by_the_ingress_replicas_and_spread_over_the_engines(
 
 
 NARROW = {"ray_engine_replicas": 1, "ray_ingress_replicas": 2, "cache_url": None,
-          "cache_max_items": 0, "concurrency": 2, "queue_size": 16}
-"""One engine replica taking two requests at once behind two ingress replicas, no cache: the
-tests from here on share it (a redeploy costs seconds)."""
+          "cache_max_items": 0, "concurrency": 2, "queue_size": 16, "ray_engine_ongoing": None}
+"""One engine replica rendering two requests at once (and taking eight) behind two ingress
+replicas, no cache: the tests from here on share it (a redeploy costs seconds)."""
 
 
 def test_two_ingress_replicas_stream_through_one_engine_replica(cluster: Deployed) -> None:
@@ -464,6 +467,39 @@ def test_two_ingress_replicas_stream_through_one_engine_replica(cluster: Deploye
         assert decode(pcm, "pcm", pcm_rate=24000).duration > 2
     logged = written_since(logs)
     assert "Traceback" not in logged and "KeyError" not in logged, logged[-3000:]
+
+
+def test_stats_count_what_renders_and_waits_on_the_engine_replica(cluster: Deployed) -> None:
+    """Five long requests on one engine replica rendering two at a time: it takes them all
+    (more than it renders, so the next is there when a turn ends), and `/stats` counts the five
+    within one: `active` those that have had an engine turn (turns go segment by segment, so
+    soon all five), `queued` those still waiting for their first. The lane's counters it
+    reported were always 0."""
+    cluster.redeploy(**NARROW)
+    speech(cluster, "piper", "Warm.").raise_for_status()
+    statuses: list[int] = []
+
+    def one() -> None:
+        statuses.append(speech(cluster, "piper", unique(TEN), fmt="pcm").status_code)
+
+    threads = [threading.Thread(target=one) for _ in range(5)]
+    for thread in threads:
+        thread.start()
+    readings: list[tuple[int, int]] = []
+
+    def read() -> bool:
+        with cluster.client() as http:
+            stats = http.get("/stats").json()
+        readings.append((stats["active"], stats["queued"]))
+        return abs(stats["active"] + stats["queued"] - 5) <= 1 and stats["active"] >= 2
+
+    try:
+        assert until(read, timeout=60, every=0.3), readings
+    finally:
+        for thread in threads:
+            thread.join(timeout=300)
+    assert statuses == [200] * 5
+    assert until(lambda: not read() and readings[-1] == (0, 0), timeout=15), readings
 
 
 def test_an_evicted_model_finishes_the_stream_it_serves(cluster: Deployed) -> None:
@@ -508,6 +544,12 @@ def test_an_evicted_model_finishes_the_stream_it_serves(cluster: Deployed) -> No
     assert replica["holds"] == ["espeak"]
 
 
+def replica_id() -> str:
+    from ray import serve
+
+    return str(serve.get_replica_context().replica_id.unique_id)
+
+
 def sse_events(response: httpx.Response, after_first: Any = None) -> list[dict[str, Any]]:
     """The SSE events of `response`; `after_first()` is called once the first has arrived."""
     events: list[dict[str, Any]] = []
@@ -517,6 +559,45 @@ def sse_events(response: httpx.Response, after_first: Any = None) -> list[dict[s
             if len(events) == 1 and after_first is not None:
                 after_first()
     return events
+
+
+def rendering(deployed: Deployed) -> int | None:
+    """Requests on the engine replicas (rendering or waiting there), as `/stats` says; None
+    while the proxy cannot reach a live ingress replica."""
+    try:
+        with deployed.client() as http:
+            stats = http.get("/stats").json()
+        return int(stats["active"]) + int(stats["queued"])
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+
+
+def test_an_ingress_that_dies_stops_the_engine_work_it_asked_for(cluster: Deployed) -> None:
+    """SIGKILL on the ingress replica streaming a long request: its engine replica stops
+    rendering for nobody within seconds (it rendered the whole text on)."""
+    import os
+    import signal
+
+    from app.cluster.app import INGRESS
+
+    cluster.redeploy(**NARROW)
+    speech(cluster, "piper", "Warm.").raise_for_status()
+    pids = dict(in_replicas(INGRESS, lambda: (replica_id(), os.getpid())))
+    with contextlib.suppress(httpx.HTTPError), cluster.client() as http, http.stream(
+            "POST", "/v1/audio/speech", json={
+                "model": "piper", "voice": "alloy", "input": unique(" ".join(SENTENCES * 4)),
+                "response_format": "pcm", "stream_format": "sse"}) as response:
+        assert response.status_code == 200
+        victim = response.headers["x-voxmux-replica"]
+        assert victim in pids
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                assert until(lambda: rendering(cluster) == 1, timeout=10)
+                os.kill(pids[victim], signal.SIGKILL)
+                killed = time.monotonic()
+                break
+    assert until(lambda: rendering(cluster) == 0, timeout=6, every=0.25)
+    print(f"engine work stopped {time.monotonic() - killed:.1f} s after its ingress died")
 
 
 def test_a_killed_engine_replica_ends_its_stream_with_an_error(cluster: Deployed) -> None:
@@ -530,6 +611,8 @@ def test_a_killed_engine_replica_ends_its_stream_with_an_error(cluster: Deployed
     cluster.redeploy(**NARROW)
     speech(cluster, "piper", "Warm.").raise_for_status()
     (pid,) = in_replicas(ENGINES, os.getpid)
+    (dead,) = in_replicas(ENGINES, replica_id)
+    assert until(lambda: dead in {r["id"] for r in cluster_state(cluster.url)})
     started = time.monotonic()
     with cluster.client() as http, http.stream("POST", "/v1/audio/speech", json={
         "model": "piper", "voice": "alloy", "input": unique(" ".join(SENTENCES * 3)),
@@ -541,6 +624,8 @@ def test_a_killed_engine_replica_ends_its_stream_with_an_error(cluster: Deployed
     assert kinds[0] == "speech.audio.delta" and kinds[-1] == "error", kinds
     assert "speech.audio.done" not in kinds
     assert events[-1]["error"]["type"] == "server_error", events[-1]
+    # The dead replica is gone from the status at the next reading (it stayed 15 s).
+    assert until(lambda: dead not in {r["id"] for r in cluster_state(cluster.url)}, timeout=4)
     after = speech(cluster, "piper", unique("The new replica speaks."))
     assert after.status_code == 200, after.text
     assert decode(after.content, "wav").duration > 1
