@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PROFILE ?= cpu
 
-.PHONY: serve test lint bench clean uvicorn-floor
+.PHONY: serve test check lint bench docs clean uvicorn-floor
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,13 @@ test: $(BIN)/.installed-dev
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 
+# The edit-test loop: lint, types and the tests that run no engine, server or process (about
+# half a minute here; tests/conftest.py's ENGINE_SIGNS says which). `make test` runs them all.
+check: $(BIN)/.installed-dev
+	$(BIN)/ruff check app engines tests bench
+	$(BIN)/mypy
+	$(BIN)/pytest -q --no-engines
+
 lint: $(BIN)/.installed-dev
 	$(BIN)/ruff check app engines tests bench
 	$(BIN)/mypy
@@ -43,6 +50,11 @@ uvicorn-floor: $(BIN)/.installed-dev
 
 bench: $(BIN)/.installed-dev
 	$(BIN)/python -m bench.run
+
+# The docs/ pages as a site (MkDocs Material) in site/; strict: a broken link between pages, a
+# missing anchor or a page left out of mkdocs.yml's nav fails the build.
+docs: $(BIN)/.installed-dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

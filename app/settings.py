@@ -210,8 +210,9 @@ class Settings(BaseSettings):
     ray_engine_ongoing: int | None = Field(None, ge=1)
     """Requests one engine replica takes at once: `concurrency` of them render and the rest
     wait on the replica, where its lane gives turns fairly by client and the next segment is
-    already there when an engine call ends; empty: four times `concurrency`. Serve holds the
-    requests beyond it (`queue_size` at most) until a replica has room."""
+    already there when an engine call ends; empty: `concurrency + queue_size`, what one
+    process admits. Serve holds the requests beyond it (`queue_size` at most) until a replica
+    has room."""
     ray_model_resources: dict[str, dict[str, float]] = {}
     """Ray resources a model's engine replicas need, by model id, e.g.
     `VOXMUX_RAY_MODEL_RESOURCES__KOKORO__GPU=1` or a custom resource a node was started with

@@ -66,7 +66,10 @@ THROUGHPUT_ROUNDS = 2
 BURST = 8
 BURSTS = 3
 BURST_SIZES = (8, 16)
-SINGLE = {"VOXMUX_CACHE_MAX_ITEMS": "0", "VOXMUX_PRELOAD": "piper"}
+SINGLE = {"VOXMUX_CACHE_MAX_ITEMS": "0", "VOXMUX_PRELOAD": "piper", "VOXMUX_QUEUE_SIZE": "32",
+          "VOXMUX_CLIENT_MAX_REQUESTS": "32"}
+"""The single process: a burst of 16 from one client fits (the default share of a client is
+8 requests in progress)."""
 PROCESSES = {"engine replica": "ServeReplica:voxmux:VoxMuxEngines",
              "ingress": "ServeReplica:voxmux:VoxMux", "proxy": "ProxyActor",
              "single process": "app.cli serve"}

@@ -267,6 +267,11 @@ class SynthesisFailed(VoxMuxError):
     """The engine failed while producing audio."""
 
 
+class EngineLost(SynthesisFailed):
+    """The process running the engine call stopped during it (a cluster's engine replica died,
+    or its node went): the call may be what ended it."""
+
+
 class RequestTimeout(VoxMuxError):
     """The request made no progress within its time limit."""
 

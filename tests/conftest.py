@@ -50,6 +50,36 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+ENGINE_SIGNS = ("LiveServer", "start_server", "start_with_faulty", "subprocess", "hear(",
+                "engines.kokoro", "engines.piper", "engines.hibari", "engines.espeak",
+                "build_engine", "build_registry", "create_app", "import ray", "from ray",
+                "redis_server", "playwright", "from bench")
+"""What in a test module's source means it runs engines (or a server, a browser, a cluster,
+a process): `make check` (`--no-engines`) leaves such a module out."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--no-engines", action="store_true",
+                     help="only the tests that run no engine, server or process (make check)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--no-engines"):
+        return
+    heavy: dict[Path, bool] = {}
+
+    def runs_engines(item: pytest.Item) -> bool:
+        path = Path(str(item.path))
+        if path not in heavy:
+            text = path.read_text()
+            heavy[path] = any(sign in text for sign in ENGINE_SIGNS)
+        return heavy[path] or "server" in getattr(item, "fixturenames", ())
+
+    kept = [item for item in items if not runs_engines(item)]
+    config.hook.pytest_deselected(items=[item for item in items if runs_engines(item)])
+    items[:] = kept
+
+
 
 def free_port() -> int:
     with socket.socket() as sock:

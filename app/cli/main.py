@@ -2,7 +2,10 @@
 
 `voxmux serve [--profile NAME] [--host H] [--port P] [--ray | --ray-address ADDR]` starts the
 server, in this process or on Ray Serve (a local cluster, or the one at ADDR);
-`voxmux doctor [--profile NAME] [--json] [--strict]` checks the installation.
+`voxmux doctor [--profile NAME] [--json] [--strict]` checks the installation;
+`voxmux say TEXT -o FILE` speaks into a file and `voxmux voices` lists the catalogue, in this
+process (`app.cli.speak`); `voxmux book BOOK -o BOOK.m4b` makes an audiobook, resumably
+(`app.cli.audiobook`).
 The profile comes from `--profile`, else `VOXMUX_PROFILE`, else `cpu`.
 """
 
@@ -14,7 +17,7 @@ import os
 
 import uvicorn
 
-from app.cli import doctor
+from app.cli import audiobook, doctor, speak
 from app.cli.logs import configure_logging
 from app.http.connections import server_config
 from app.main import create_app
@@ -46,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.add_argument("--strict", action="store_true",
                        help="exit non-zero on warnings too (e.g. a GPU profile running on CPU)")
+    speak.add_commands(commands, _add_profile)
+    audiobook.add_command(commands)
+    _add_profile(commands.choices["book"])
     return parser
 
 
@@ -74,6 +80,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(exc))
     if args.command == "doctor":
         raise SystemExit(doctor.run(settings, as_json=args.json, strict=args.strict))
+    if args.command in ("say", "voices"):
+        raise SystemExit(speak.run(args, settings))
+    if args.command == "book":
+        raise SystemExit(audiobook.run(args, settings))
     configure_logging(settings)
     heap.limit_arenas()  # before uvicorn and the engines start their threads
     if args.ray or settings.ray_address:

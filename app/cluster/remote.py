@@ -33,7 +33,7 @@ from app.cluster.messages import Failure, RenderRequest, Segment, Update
 from app.cluster.reports import REPORT_SECONDS, live_replicas, read_replicas
 from app.serving.fleet import DeploymentStatus, ReplicaState
 from app.serving.render import Rendered, RenderSession, RenderWork
-from engines.base import Overloaded, RequestTimeout, SynthesisFailed
+from engines.base import EngineLost, Overloaded, RequestTimeout, SynthesisFailed
 from engines.registry import ModelStatus
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,8 @@ class RayRenderer:
         self._status_lock = asyncio.Lock()
         self._replicas: list[ReplicaState] = []
         self._read_at: float | None = None
+        self._routing: Counter[str] = Counter()
+        """Calls handed to Serve that no engine replica has taken yet, by model."""
 
     @asynccontextmanager
     async def session(self, work: RenderWork) -> AsyncIterator[RenderSession]:
@@ -88,6 +90,14 @@ class RayRenderer:
 
     def retry_after(self) -> int:
         return max(1, math.ceil(self._mean_seconds))
+
+    def routing(self) -> dict[str, int]:
+        """Requests of this ingress replica waiting in Serve's router for an engine replica
+        with room (a replica answers a call it takes at once: its first progress update)."""
+        return {model: n for model, n in self._routing.items() if n > 0}
+
+    def routed(self, model_id: str, waiting: bool) -> None:
+        self._routing[model_id] += 1 if waiting else -1
 
     # -- status ------------------------------------------------------------------------------
 
@@ -175,12 +185,20 @@ class _RaySession:
         the call again (the call may be what ended it: an engine that runs out of memory or
         crashes on this input would end the next replica too)."""
         self._retries = 0
+        self._routing = False
+        """Whether the current call waits in Serve's router (counted in `RayRenderer.routing`)."""
 
     def _call(self, segments: tuple[str, ...]) -> None:
         with self._mapped():
             self._stream = self._renderer.call(self._work, segments)
         self._segments, self._ended = segments, False
         self._answered = self._started = False
+        self._route(True)
+
+    def _route(self, waiting: bool) -> None:
+        if waiting != self._routing:
+            self._routing = waiting
+            self._renderer.routed(self._work.model_id, waiting)
 
     async def render(self, text: str) -> Rendered:
         work = self._work
@@ -196,11 +214,12 @@ class _RaySession:
         while True:
             try:
                 item = await self._next()
+                self._route(False)  # a replica took it (or it ended)
             except _ReplicaLost as lost:
                 # Nothing of this call has been sent on: it can start over on another replica
                 # (Serve routes around a dead one, or waits for its replacement).
                 if self._started or self._retries >= RETRIES:
-                    raise SynthesisFailed(f"The engine replica stopped: {lost}") from None
+                    raise EngineLost(f"The engine replica stopped: {lost}") from None
                 self._retries += 1
                 log.warning("engine replica lost before it answered (%s); trying again", lost)
                 self._call(self._segments)
@@ -269,6 +288,7 @@ class _RaySession:
         """Cancel a call that still has segments to send (the job ended early); one that sent
         them all has been read to its end, and one that never ran (refused, failed) has nothing
         to cancel and its error has been raised already."""
+        self._route(False)
         if self._stream is not None and not self._ended:
             self._ended = True
             with contextlib.suppress(Exception):

@@ -379,6 +379,64 @@ def _reader(data: bytes) -> Any:
     return StructureReader(io.BytesIO(data))
 
 
+COVER_MAX_BYTES = 5 * 1024 * 1024
+"""Largest cover picture taken from an EPUB into its audiobook; a larger one is left out."""
+
+
+@dataclass(frozen=True)
+class BookDetails:
+    """What an audiobook shows of its book: from the EPUB's package (OPF)."""
+
+    title: str | None = None
+    author: str | None = None
+    cover: bytes | None = None
+    """The cover picture (JPEG or PNG) when the package names one."""
+
+
+def epub_details(source: str, budget: ArchiveBudget) -> BookDetails:
+    """The title, author and cover of an EPUB sent in base64 (structure files only, and the
+    cover, at most `COVER_MAX_BYTES` inflated); empty details from a package that names none
+    or cannot be read (its chapters are read, and refused, on their own)."""
+    data = _epub_bytes(source)
+    check_archive(data, budget)
+    reader = _reader(data)
+    try:
+        book = reader.load()
+    except Exception:  # EbookLib raises many kinds on a damaged file
+        return BookDetails()
+
+    def first(field: str) -> str | None:
+        values = book.get_metadata("DC", field)
+        text = " ".join(str(values[0][0]).split()) if values and values[0][0] else ""
+        return text[:500] or None
+
+    return BookDetails(first("title"), first("creator"), _cover(book, reader, data))
+
+
+def _cover(book: Any, reader: Any, data: bytes) -> bytes | None:
+    """The picture the package marks as its cover (`properties="cover-image"`, or EPUB 2's
+    `<meta name="cover">` naming a manifest item); None without one, or past the cap."""
+    import ebooklib
+
+    named = {str(value) for _, attrs in book.get_metadata("OPF", "cover")
+             for value in [attrs.get("content")] if value}
+    for item in book.get_items():
+        if item.get_type() not in (ebooklib.ITEM_COVER, ebooklib.ITEM_IMAGE):
+            continue
+        if item.get_type() != ebooklib.ITEM_COVER and item.get_id() not in named:
+            continue
+        path = posixpath.normpath(posixpath.join(reader.opf_dir, item.get_name()))
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                if archive.getinfo(path).file_size > COVER_MAX_BYTES:
+                    return None
+                picture = archive.read(path)
+        except (KeyError, zipfile.BadZipFile, zlib.error, EOFError, OSError):
+            return None
+        return picture if picture.startswith((b"\xff\xd8", b"\x89PNG")) else None
+    return None
+
+
 def epub_chapters(data: bytes, budget: ArchiveBudget, max_chars: int) -> list[Chapter]:
     """A chapter per document of the spine, in reading order, titled by its first heading (or
     the table of contents' name for it); `OverBudget` as soon as the text read passes

@@ -34,7 +34,8 @@ from starlette.requests import HTTPConnection
 from app.http.auth import COOKIE, authenticator
 from app.http.errors import describe_validation_error
 from app.jobs import book
-from app.jobs.model import Item, ItemOptions, ItemSummary, Job, JobNotFound
+from app.jobs.model import BOOK_FORMAT, Item, ItemOptions, ItemSummary, Job, JobNotFound
+from app.jobs.results import COVER_NAME
 from app.jobs.runner import JobRunner
 from app.protocols.schemas import ErrorInfo, JobCard, JobRequest, voice_id
 from app.serving.budgets import OverBudget, env_name
@@ -244,6 +245,11 @@ def _chapter(job: Job, item: ItemSummary) -> dict[str, Any]:
 
 # -- starting a job ------------------------------------------------------------------------------
 
+def chapter_format(fmt: str) -> str:
+    """The format of each chapter alone: an audiobook's chapters are its AAC."""
+    return "aac" if fmt == BOOK_FORMAT else fmt
+
+
 def job_items(body: JobRequest, budget: book.ArchiveBudget, max_chars: int,
               max_items: int) -> list[Item]:
     """A job request's chapters: its items, or its input read as text, SSML (one chapter),
@@ -253,7 +259,7 @@ def job_items(body: JobRequest, budget: book.ArchiveBudget, max_chars: int,
     parsed; an EPUB's as it is read) or `max_items` items or chapters."""
     options = ItemOptions(model=body.model, voice=body.voice_id, speed=body.speed,
                           language=body.language, instructions=body.instructions,
-                          response_format=body.response_format)
+                          response_format=chapter_format(body.response_format))
     if body.items is not None:
         if body.input is not None:
             raise InvalidParameter("Send 'input' or 'items', not both", param="items")
@@ -287,15 +293,22 @@ def job_items(body: JobRequest, budget: book.ArchiveBudget, max_chars: int,
             for n, c in enumerate(chapters)]
 
 
-async def start_job(runner: JobRunner, owner: str, body: JobRequest, client: str) -> Job:
+async def start_job(runner: JobRunner, owner: str, body: JobRequest, client: str,
+                    extra: dict[str, Any] | None = None) -> Job:
     """Read a job request's chapters (in a thread: an EPUB is inflated and parsed), then plan
     (with `client`'s lexicons), store and queue the job (the API's and the Studio's)."""
     settings = runner.settings
-    items = await asyncio.to_thread(
-        job_items, body, book.ArchiveBudget(settings.epub_max_bytes, settings.epub_max_entries),
-        settings.jobs_max_chars, settings.batch_max_job_items)
+    budget = book.ArchiveBudget(settings.epub_max_bytes, settings.epub_max_entries)
+    items = await asyncio.to_thread(job_items, body, budget, settings.jobs_max_chars,
+                                    settings.batch_max_job_items)
     chars = sum(len(i.text) for i in items)
+    details = book.BookDetails()
+    if body.input_format == "epub" and body.input is not None:
+        details = await asyncio.to_thread(book.epub_details, body.input, budget)
+    files = ({COVER_NAME: details.cover}
+             if details.cover and body.response_format == BOOK_FORMAT else {})
     return await runner.create(owner, "book", {
         "model": body.model, "voice": body.voice_id, "speed": body.speed,
-        "response_format": body.response_format, "title": body.title,
-        "input_format": body.input_format, "chars": chars}, items, client)
+        "response_format": body.response_format, "title": body.title or details.title,
+        "author": details.author, "input_format": body.input_format, "chars": chars,
+        **(extra or {})}, items, client, files=files)

@@ -16,6 +16,8 @@ from engines.base import VoxMuxError
 JobStatus = Literal["queued", "running", "done", "failed", "cancelled"]
 JobKind = Literal["book", "batch"]
 FINISHED: tuple[JobStatus, ...] = ("done", "failed", "cancelled")
+BOOK_FORMAT = "m4b"
+"""A job's `response_format` that makes the whole job one audiobook file (its chapters: AAC)."""
 
 
 class JobNotFound(VoxMuxError):

@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import time
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from app.audio.audiobook import BookChapter, write_m4b
 from app.audio.encoders import StreamEncoder
 from app.jobs.model import Item, Job, JobNotFound
 from app.jobs.store import Store
@@ -23,6 +24,9 @@ from app.text.prepared import blank_markup
 from engines.base import Audio, WordTiming
 
 ZIP_NAME = "result.zip"
+BOOK_NAME = "book.m4b"
+COVER_NAME = "cover"
+"""An EPUB's cover image, kept with its job for the audiobook."""
 
 
 def encoder(fmt: str, rate: int) -> StreamEncoder:
@@ -163,10 +167,19 @@ def _make_zip(store: Store, job: Job, path: Path) -> Path:
                         yield f"{name}.{caption}", text.encode()
             entries.append(entry)
 
-    tmp = path.with_suffix(".tmp")
-    try:
+    def write(tmp: Path) -> None:
         with open(tmp, "wb") as handle:
             write_zip(handle, members(), {"id": job.id, "items": entries})
+
+    return _keep(store, job, path, write)
+
+
+def _keep(store: Store, job: Job, path: Path, write: Callable[[Path], object]) -> Path:
+    """A result file made beside `path` by `write`, then counted against the store's bound and
+    put in place; nothing is left behind when either fails."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        write(tmp)
         size = tmp.stat().st_size
         store.reserve(size)
     except BaseException:
@@ -178,5 +191,29 @@ def _make_zip(store: Store, job: Job, path: Path) -> Path:
         store.unreserve(size)
         tmp.unlink(missing_ok=True)
         raise
-    store.add_file(job.id, ZIP_NAME, size)
+    store.add_file(job.id, path.name, size)
     return path
+
+
+def job_book(store: Store, job: Job, pause_ms: int) -> Path:
+    """The finished book job as one audiobook (`BOOK_NAME`, made once and kept like the ZIP;
+    the same one caller at a time): its chapters that were spoken, each marked where its audio
+    starts, `pause_ms` between two, with the job's title and, from an EPUB, author and cover."""
+    path = store.file(job.id, BOOK_NAME)
+    if path.exists():
+        return path
+    items = spoken(store.items(job.id))
+    rate = next((i.sample_rate for i in items if i.sample_rate), PCM_RATE)
+    cover = store.file(job.id, COVER_NAME)
+    chapters = [BookChapter(i.title, item_chunks(store, job.id, i)) for i in items]
+
+    def write(tmp: Path) -> None:
+        write_m4b(tmp, chapters, rate, title=job.request.get("title"),
+                  author=job.request.get("author"),
+                  cover=cover.read_bytes() if cover.exists() else None,
+                  pause_seconds=pause_ms / 1000)
+
+    try:
+        return _keep(store, job, path, write)
+    except FileNotFoundError:
+        raise JobNotFound(f"Job {job.id} is gone (deleted?)", param="id") from None

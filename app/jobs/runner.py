@@ -51,6 +51,7 @@ from app.audio.encoders import to_pcm16
 from app.http.errors import error_body
 from app.jobs.book import too_long
 from app.jobs.model import (
+    BOOK_FORMAT,
     DiskFull,
     Item,
     Job,
@@ -59,14 +60,14 @@ from app.jobs.model import (
     Segment,
     StoreUnavailable,
 )
-from app.jobs.results import job_zip
+from app.jobs.results import job_book, job_zip
 from app.jobs.store import JobStore, Store, WordRow
 from app.serving.budgets import OverBudget, check_audio, env_name, seconds
 from app.serving.events import SegmentEnd, SegmentWords
 from app.serving.plan import CutRecord, SpeechPlan
 from app.serving.service import SpeechService
 from app.settings import Settings
-from engines.base import Cancelled, Overloaded, RequestTimeout, VoxMuxError
+from engines.base import Cancelled, EngineLost, Overloaded, RequestTimeout, VoxMuxError
 
 if TYPE_CHECKING:
     from app.jobs.redis_store import RedisJobStore
@@ -80,6 +81,8 @@ OPEN_RETRY_SECONDS = 2.0
 KEEP_SECONDS = 1.0
 """How often a process renews its leases and looks for jobs, cancels and progress made by
 other processes (shared store)."""
+LOST_RETRY_SECONDS = 1.0
+"""Wait before a part whose engine replica was lost goes on (Serve notices the loss)."""
 
 
 @dataclass
@@ -240,11 +243,13 @@ class JobRunner:
     # -- making ------------------------------------------------------------------------------
 
     async def create(self, owner: str, kind: JobKind, request: dict[str, Any],
-                     items: list[Item], client: str = "") -> Job:
+                     items: list[Item], client: str = "", files: dict[str, bytes] | None = None
+                     ) -> Job:
         """Plan every item as any request is planned (`SpeechService.plan(long=True)`: SSML
         compiled, the lexicons of `client`, the job's creator, applied, budgets checked), store
         the job with the cut planning made, once, and queue it. A batch's item that cannot be
-        planned carries its error and the others go on; a book's fails the job."""
+        planned carries its error and the others go on; a book's fails the job. `files` are
+        kept in the job's folder (an EPUB's cover), counted against the store's bound."""
         check_chars(items, self.settings)
         plans: dict[int, SpeechPlan] = {}
         for item in items:
@@ -260,7 +265,8 @@ class JobRunner:
                 item.error = error_body(exc)["error"]
         check_audio(sum(plan.least_seconds for plan in plans.values()),
                     self.settings.jobs_max_audio_seconds, "jobs_max_audio_seconds", "The job")
-        job = await asyncio.to_thread(self._store_new, owner, kind, request, items, plans)
+        job = await asyncio.to_thread(self._store_new, owner, kind, request, items, plans,
+                                      files or {})
         if self.shared:
             self._wake.set()  # a free worker here claims it now (or one elsewhere, later)
         else:
@@ -268,7 +274,7 @@ class JobRunner:
         return job
 
     def _store_new(self, owner: str, kind: JobKind, request: dict[str, Any], items: list[Item],
-                   plans: dict[int, SpeechPlan]) -> Job:
+                   plans: dict[int, SpeechPlan], files: dict[str, bytes]) -> Job:
         now = time.time()
         job = Job(id="job_" + uuid.uuid4().hex, owner=owner, kind=kind, status="queued",
                   created=now, updated=now, request=request)
@@ -284,6 +290,21 @@ class JobRunner:
                          for n, (text, offset, how) in enumerate(zip(
                              record.segments, record.offsets, record.hows, strict=True))]
         self.store.create(job, items, segments)
+        for name, data in files.items():  # before it is queued: nothing reads them yet
+            try:
+                self.store.reserve(len(data))
+            except DiskFull:
+                log.warning("job %s: no room for its %s; left out", job.id, name)
+                continue
+            path = self.store.file(job.id, name)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+            except BaseException:
+                self.store.unreserve(len(data))
+                path.unlink(missing_ok=True)
+                raise
+            self.store.add_file(job.id, name, len(data))
         return job
 
     # -- reading -----------------------------------------------------------------------------
@@ -360,6 +381,12 @@ class JobRunner:
         """The finished job's ZIP (`app.jobs.results.job_zip`), built in its turn."""
         async with self.zip_turn(job.id):
             return await asyncio.to_thread(job_zip, self.store, job)
+
+    async def result_book(self, job: Job) -> Path:
+        """The finished book job's audiobook (`app.jobs.results.job_book`), in the same turn."""
+        async with self.zip_turn(job.id):
+            return await asyncio.to_thread(job_book, self.store, job,
+                                           self.settings.chapter_pause_ms)
 
     # -- running -----------------------------------------------------------------------------
 
@@ -475,9 +502,11 @@ class JobRunner:
             return
         finished = await asyncio.to_thread(self._done, job.id)
         if finished is not None and self.on_done is not None:
-            # A batch's copy in the outputs directory is its ZIP: built in the job's ZIP turn.
+            # A batch's copy in the outputs directory is its ZIP, an audiobook's its .m4b: each
+            # built in the job's ZIP turn.
+            kept_whole = job.kind == "batch" or job.request.get("response_format") == BOOK_FORMAT
             turn: contextlib.AbstractAsyncContextManager[Any] = (
-                self.zip_turn(job.id) if job.kind == "batch" else contextlib.nullcontext())
+                self.zip_turn(job.id) if kept_whole else contextlib.nullcontext())
             async with turn:
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(self.on_done, store, finished)
@@ -515,6 +544,8 @@ class JobRunner:
         model was busy (429: a full lane, or a full Serve queue) or slow to give a turn (504);
         each part on its own, so parts waiting for room do not cancel the one rendering."""
         tries = 0
+        lost_at: int | None = None
+        """The segment that was rendering when an engine replica was last lost."""
         while True:
             segments = await asyncio.to_thread(self.store.segments, job.id, item.index)
             first = next((s.part for s in segments[start:end] if s.samples is None), None)
@@ -530,6 +561,19 @@ class JobRunner:
                 log.info("job %s: %s; retrying in %d s", job.id, exc.message, wait)
                 tries += 1
                 await asyncio.sleep(wait)
+            except EngineLost as exc:
+                # A node that went, a replica killed: the part goes on from its first segment
+                # not stored, on another replica. A segment that was rendering at two losses
+                # is taken for their cause (an input that kills its engine) and fails the job.
+                segments = await asyncio.to_thread(self.store.segments, job.id, item.index)
+                rendering = next((s.part for s in segments[first:stop] if s.samples is None),
+                                 None)
+                if rendering is None or rendering == lost_at:
+                    raise
+                lost_at = rendering
+                log.warning("job %s: %s; rendering from segment %d again", job.id, exc.message,
+                            rendering + 1)
+                await asyncio.sleep(LOST_RETRY_SECONDS)
 
     async def _at_once(self) -> int:
         """Parts of an item rendered at once: `jobs_parallel`, or by default one in a single

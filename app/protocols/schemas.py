@@ -332,7 +332,10 @@ class JobRequest(SpeechOptions):
     items: list[JobItem] | None = Field(
         None, min_length=1, description="At most `VOXMUX_BATCH_MAX_JOB_ITEMS` (10,000 unless "
         "set), counted before any is read; their texts together at most `VOXMUX_JOBS_MAX_CHARS`")
-    response_format: ResponseFormat = "mp3"
+    response_format: ResponseFormat | Literal["m4b"] = Field(
+        "mp3", description="`m4b`: the whole job is one audiobook (AAC in MP4, a chapter "
+        "marker at each chapter, its title and author, an EPUB's cover); each chapter alone "
+        "is AAC")
     title: str | None = Field(None, description="The job's name (a book's title)")
 
 

@@ -30,7 +30,7 @@ from app.jobs.front import (
     parse_request,
     start_job,
 )
-from app.jobs.model import Item, Job, JobNotFound, JobNotReady
+from app.jobs.model import BOOK_FORMAT, Item, Job, JobNotFound, JobNotReady
 from app.jobs.outputs import Outputs
 from app.jobs.results import (
     encoded,
@@ -301,8 +301,11 @@ async def job_audio(job_id: str, runner: RunnerDep, owner: OwnerDep) -> Response
                           param="id")
     if job.kind == "batch":
         return await job_result_zip(job_id, runner, owner)
-    items = await asyncio.to_thread(runner.store.items, job.id)
     fmt = str(job.request.get("response_format", "mp3"))
+    if fmt == BOOK_FORMAT:
+        path = await runner.result_book(job)
+        return FileResponse(path, media_type="audio/mp4", filename=f"{job.id}.m4b")
+    items = await asyncio.to_thread(runner.store.items, job.id)
     rate = _sample_rate(items)
     chunks = whole_chunks(runner.store, job.id, items, runner.settings.chapter_pause_ms)
     return StreamingResponse(_streamed(chunks, fmt, rate), media_type=_media(fmt, rate),

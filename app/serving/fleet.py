@@ -87,6 +87,9 @@ class Fleet(Protocol):
 
     async def deployment(self) -> DeploymentStatus: ...
 
+    def routing(self) -> dict[str, int]:
+        """This ingress's requests that wait for an engine replica with room, by model."""
+
     async def load(self, model_id: str, voice: str) -> None:
         """Load a model on the replica the cluster routes it to (rendering a word in `voice`)."""
 
@@ -131,9 +134,12 @@ def local_views(handles: Iterable[ModelHandle[Lane]]) -> dict[str, ModelView]:
 _PRECEDENCE = (ModelStatus.READY, ModelStatus.LOADING, ModelStatus.ERROR)
 
 
-def fleet_views(model_ids: Iterable[str], replicas: list[ReplicaState]) -> dict[str, ModelView]:
+def fleet_views(model_ids: Iterable[str], replicas: list[ReplicaState],
+                routing: dict[str, int] | None = None) -> dict[str, ModelView]:
     """One view per model over every replica: ready where any replica has it ready, else
-    loading, else error (with a replica's reason), else unloaded; counts are summed."""
+    loading, else error (with a replica's reason), else unloaded; counts are summed, and the
+    requests still `routing` to a replica (waiting in Serve's queue) count as queued."""
+    routing = routing or {}
     views = {}
     for model_id in model_ids:
         states = [(r.id, r.models[model_id]) for r in replicas if model_id in r.models]
@@ -150,7 +156,7 @@ def fleet_views(model_ids: Iterable[str], replicas: list[ReplicaState]) -> dict[
             load_seconds=max(loads) if loads else None,
             current=False,
             running=sum(s.running for _, s in states),
-            queued=sum(s.queued for _, s in states),
+            queued=sum(s.queued for _, s in states) + routing.get(model_id, 0),
             in_flight=sum(s.in_flight for _, s in states),
             replicas=holders,
             slots=sum(s.slots for _, s in states if s.status is ModelStatus.READY),

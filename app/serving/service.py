@@ -156,7 +156,8 @@ class SpeechService:
             return local_views(self.registry.handles())
         if replicas is None:
             replicas = await self.fleet.replicas()
-        return fleet_views([h.id for h in self.registry.handles()], replicas)
+        return fleet_views([h.id for h in self.registry.handles()], replicas,
+                           self.fleet.routing())
 
     async def load_model(self, model_id: str) -> None:
         if self.fleet is not None:

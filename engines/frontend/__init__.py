@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engines.frontend import en, ja, zh
+from engines.frontend import en, ja
 from engines.frontend.detect import Run, base_language, canonical, split_runs
 from engines.frontend.espeak_voices import espeak_language
 from engines.frontend.ipa import INLINE
@@ -35,8 +35,17 @@ __all__ = [
     "supported",
 ]
 
+def _chinese(text: Spanned) -> Spanned:
+    # Imported when first needed: cn2an and pypinyin take 0.35 s, which every process would
+    # pay at start (an engine replica replacing a dead one, `voxmux say`) for a text it may
+    # never get.
+    from engines.frontend import zh
+
+    return zh.normalize_spanned(text)
+
+
 NORMALIZERS: dict[str, Callable[[Spanned], Spanned]] = {
-    "en": en.normalize_spanned, "zh": zh.normalize_spanned, "ja": ja.normalize_spanned,
+    "en": en.normalize_spanned, "zh": _chinese, "ja": ja.normalize_spanned,
 }
 """Languages with a text normalizer; others go to the phonemizer as written (eSpeak NG reads
 numbers in its own languages)."""

@@ -85,7 +85,7 @@ def cluster(ray_available: None, tmp_path_factory: pytest.TempPathFactory) -> It
     with redis_server(tmp / "redis") as redis_url:
         # A replica takes no more than it renders here (`ray_engine_ongoing` 1), so a second
         # request goes to the other replica and overload is easy to reach; NARROW, below,
-        # takes the default (four per engine thread).
+        # takes the default (what one process admits).
         settings = cluster_settings(tmp, cache_url=redis_url, ray_engine_replicas=2,
                                     ray_models_per_replica=1, ray_ingress_replicas=2,
                                     jobs_segment_chars=200, ray_engine_ongoing=1)
@@ -427,7 +427,7 @@ def test_a_job_is_shared_by_the_ingress_replicas_and_spread_over_the_engines(
 
 NARROW = {"ray_engine_replicas": 1, "ray_ingress_replicas": 2, "cache_url": None,
           "cache_max_items": 0, "concurrency": 2, "queue_size": 16, "ray_engine_ongoing": None}
-"""One engine replica rendering two requests at once (and taking eight) behind two ingress
+"""One engine replica rendering two requests at once (and taking 18) behind two ingress
 replicas, no cache: the tests from here on share it (a redeploy costs seconds)."""
 
 
@@ -500,6 +500,75 @@ def test_stats_count_what_renders_and_waits_on_the_engine_replica(cluster: Deplo
             thread.join(timeout=300)
     assert statuses == [200] * 5
     assert until(lambda: not read() and readings[-1] == (0, 0), timeout=15), readings
+
+
+def test_stats_count_requests_waiting_in_serves_queue(cluster: Deployed) -> None:
+    """One ingress replica, an engine replica that takes only what it renders (two): of five
+    long requests two render and three wait in Serve's router, which no replica reports;
+    `/stats` counts them from the ingress's own calls that no replica has taken yet. (It said
+    `queued 0` with three waiting there.)"""
+    cluster.redeploy(**{**NARROW, "ray_ingress_replicas": 1, "ray_engine_ongoing": 2})
+    speech(cluster, "piper", "Warm.").raise_for_status()
+    statuses: list[int] = []
+
+    def one() -> None:
+        statuses.append(speech(cluster, "piper", unique(TEN), fmt="pcm").status_code)
+
+    threads = [threading.Thread(target=one) for _ in range(5)]
+    for thread in threads:
+        thread.start()
+    readings: list[tuple[int, int]] = []
+
+    def read() -> bool:
+        with cluster.client() as http:
+            stats = http.get("/stats").json()
+        readings.append((stats["active"], stats["queued"]))
+        return abs(stats["active"] + stats["queued"] - 5) <= 1 and stats["queued"] >= 2
+
+    try:
+        assert until(read, timeout=60, every=0.3), readings
+    finally:
+        for thread in threads:
+            thread.join(timeout=300)
+    assert statuses == [200] * 5
+    assert until(lambda: not read() and readings[-1] == (0, 0), timeout=15), readings
+
+
+def test_six_streams_on_one_replica_all_hear_audio_before_any_ends(cluster: Deployed) -> None:
+    """Six streams at once on one engine replica rendering two at a time: the replica takes
+    them all and its lane gives turns segment by segment, as one process does, so every stream
+    hears its first audio before any has its whole answer. (A replica that took only what it
+    renders left four in Serve's router, each waiting for a whole request to end.)"""
+    cluster.redeploy(**NARROW)
+    speech(cluster, "piper", "Warm.").raise_for_status()
+    firsts: list[float] = []
+    ends: list[float] = []
+    lock = threading.Lock()
+    text = ("The first sentence of this stream. The second sentence follows it. A third one "
+            "closes the stream.")
+
+    def one() -> None:
+        with httpx.Client(base_url=cluster.url, timeout=300) as http, http.stream(
+                "POST", "/v1/audio/speech", json={"model": "piper", "voice": "alloy",
+                                                  "input": unique(text),
+                                                  "response_format": "pcm"}) as response:
+            assert response.status_code == 200
+            heard = False
+            for chunk in response.iter_bytes():
+                if chunk and not heard:
+                    heard = True
+                    with lock:
+                        firsts.append(time.monotonic())
+        with lock:
+            ends.append(time.monotonic())
+
+    threads = [threading.Thread(target=one) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert len(firsts) == len(ends) == 6
+    assert max(firsts) < min(ends), (sorted(firsts), sorted(ends))
 
 
 def test_an_evicted_model_finishes_the_stream_it_serves(cluster: Deployed) -> None:

@@ -6,9 +6,11 @@ hands it the `Faults` a test put in `FaultyEngine.faults_for_next` (see `faulty_
 A segment containing `BOOM` raises; `HANG` blocks until the request is cancelled (as a
 well-behaved engine stops when told) or `Faults.release` is set; `STUCK` blocks until
 `Faults.release` whatever happens (an engine that cannot be interrupted); `SLOW` takes
-`Faults.slow_seconds` and ignores cancels. `Faults.load_error` makes `load()` fail,
-`Faults.load_seconds` makes it slow. Every call counts in `running`/`peak`, and an `unload()`
-while a call runs is recorded. Anything else is a short tone.
+`Faults.slow_seconds` and ignores cancels. `LOST` raises `EngineLost`, as a cluster's
+renderer does when the engine replica dies during the call, while `Faults.losses` lasts.
+`Faults.load_error` makes `load()` fail, `Faults.load_seconds` makes it slow. Every call counts
+in `running`/`peak`, and an `unload()` while a call runs is recorded. Anything else is a short
+tone.
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ import numpy as np
 import pytest
 
 from app.resources import CONFIG
-from engines.base import Audio, Capabilities, SynthesisRequest, Voice, VoiceNotFound
+from engines.base import (
+    Audio,
+    Capabilities,
+    EngineLost,
+    SynthesisRequest,
+    Voice,
+    VoiceNotFound,
+)
 from tests.conftest import LiveServer, start_server, test_settings
 
 RATE = 16_000
@@ -42,6 +51,9 @@ class Faults:
     release: threading.Event = field(default_factory=threading.Event)
     hung: threading.Event = field(default_factory=threading.Event)
     """Set once a `HANG` segment is blocked, so a test knows the hang has begun."""
+    losses: int = 0
+    """`LOST` segments left that raise `EngineLost` (each raise takes one)."""
+    lost_calls: int = 0
     loads: int = 0
     running: int = 0
     """Engine calls running now; `peak` is the most there ever were at once."""
@@ -103,6 +115,12 @@ class FaultyEngine:
         try:
             if "BOOM" in req.text:
                 raise RuntimeError("injected fault")
+            if "LOST" in req.text:
+                with faults.lock:
+                    faults.lost_calls += 1
+                    lose, faults.losses = faults.losses > 0, max(0, faults.losses - 1)
+                if lose:
+                    raise EngineLost("The engine replica stopped: injected")
             if "HANG" in req.text:
                 faults.hung.set()
                 deadline = time.monotonic() + 60

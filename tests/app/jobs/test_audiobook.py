@@ -1,0 +1,114 @@
+"""A book job with `response_format: m4b` is one audiobook, as players expect it: AAC in MP4, a
+chapter marker where each chapter's audio starts (read back with PyAV, within 50 ms of where
+the job's own chapter durations and pauses put it, and heard there by Whisper), the book's
+title; each chapter alone is AAC, in the ZIP too, and the outputs directory keeps the .m4b."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import av
+import numpy as np
+
+from tests.app.jobs.conftest import wait_job
+from tests.app.jobs.test_jobs import MARKDOWN, make_job
+from tests.conftest import LiveServer, decode
+from tests.hearing import hear
+
+
+def test_a_book_job_is_one_m4b_with_a_marker_at_each_chapter(espeak_server: LiveServer,
+                                                             tmp_path: Path) -> None:
+    with espeak_server.client() as client:
+        job = make_job(client, input=MARKDOWN, input_format="markdown", response_format="m4b",
+                       title="Three chapters")
+        done = wait_job(client, str(job["id"]))
+        assert done["status"] == "done", done
+        chapters = done["chapters"]
+        whole = client.get(f"/v1/audio/jobs/{job['id']}/audio")
+        assert whole.status_code == 200 and whole.headers["content-type"] == "audio/mp4"
+        assert "m4b" in whole.headers["content-disposition"]
+        again = client.get(f"/v1/audio/jobs/{job['id']}/audio")  # made once, kept
+        assert again.content == whole.content
+        second = client.get(chapters[1]["audio"])
+        assert second.headers["content-type"] == "audio/aac"
+        assert abs(decode(second.content, "aac").duration - chapters[1]["duration_s"]) < 0.1
+        archive = zipfile.ZipFile(io.BytesIO(client.get(f"/v1/audio/jobs/{job['id']}/zip")
+                                             .content))
+        files = [e["file"] for e in json.loads(archive.read("manifest.json"))["items"]]
+        assert files == ["001.aac", "002.aac", "003.aac"]
+    book = tmp_path / "book.m4b"
+    book.write_bytes(whole.content)
+    pause = espeak_server.app.state.settings.chapter_pause_ms / 1000
+    durations = [c["duration_s"] for c in chapters]
+    expected = [sum(durations[:n]) + n * pause for n in range(3)]
+    with av.open(str(book)) as container:
+        marks = container.chapters()
+        assert container.metadata.get("title") == "Three chapters"
+        stream = container.streams.audio[0]
+        assert stream.codec_context.name == "aac"
+        rate = stream.codec_context.sample_rate
+        samples = np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(stream)])
+    assert [m["metadata"]["title"] for m in marks] == ["The River", "The Mill", "The Sea"]
+    starts = [float(m["start"] * m["time_base"]) for m in marks]
+    assert np.allclose(starts, expected, atol=0.05), (starts, expected)
+    assert abs(len(samples) / rate - (sum(durations) + 2 * pause)) < 0.2
+    for start, word in zip(starts[1:], ("mill", "short"), strict=True):
+        before = samples[int((start - pause + 0.2) * rate):int((start - 0.05) * rate)]
+        assert np.sqrt(np.mean(before ** 2)) < 0.003  # the pause ends at the marker
+        heard = hear(samples[int(start * rate):int((start + 2.5) * rate)], rate)
+        assert word in heard.text.lower(), heard.text  # the chapter's first words, at its mark
+    outputs = Path(espeak_server.app.state.settings.outputs_dir)
+    kept = list(outputs.glob(f"*{job['id']}.m4b"))
+    assert len(kept) == 1 and kept[0].read_bytes()[4:8] == b"ftyp"
+
+
+def epub_with_cover(cover: bytes) -> bytes:
+    from ebooklib import epub
+
+    book = epub.EpubBook()
+    book.set_identifier("voxmux-cover")
+    book.set_title("The Covered Book")
+    book.set_language("en")
+    book.add_author("Ada Writer")
+    book.set_cover("cover.png", cover)
+    chapters = []
+    for n, (title, text) in enumerate([("Dawn", "The sun rose over the quiet town."),
+                                       ("Dusk", "The lamps were lit along the road.")]):
+        chapter = epub.EpubHtml(title=title, file_name=f"c{n}.xhtml", lang="en")
+        chapter.content = f"<h1>{title}</h1><p>{text}</p>"
+        book.add_item(chapter)
+        chapters.append(chapter)
+    book.toc = chapters
+    book.add_item(epub.EpubNcx())
+    book.add_item(epub.EpubNav())
+    book.spine = chapters
+    buffer = io.BytesIO()
+    epub.write_epub(buffer, book)
+    return buffer.getvalue()
+
+
+def test_an_epub_audiobook_carries_its_title_author_and_cover(espeak_server: LiveServer,
+                                                              tmp_path: Path) -> None:
+    import base64
+
+    from mutagen.mp4 import MP4
+
+    from tests.app.audio.test_audiobook import PNG
+
+    with espeak_server.client() as client:
+        job = make_job(client, input=base64.b64encode(epub_with_cover(PNG)).decode(),
+                       input_format="epub", response_format="m4b")
+        done = wait_job(client, str(job["id"]))
+        assert done["status"] == "done", done
+        assert done["title"] == "The Covered Book"
+        whole = client.get(f"/v1/audio/jobs/{job['id']}/audio")
+    book = tmp_path / "book.m4b"
+    book.write_bytes(whole.content)
+    with av.open(str(book)) as container:
+        assert [c["metadata"]["title"] for c in container.chapters()] == ["Dawn", "Dusk"]
+        assert container.metadata.get("artist") == "Ada Writer"
+    tags = MP4(str(book)).tags
+    assert tags is not None and bytes(tags["covr"][0]) == PNG
