@@ -13,6 +13,7 @@ from app.http import edge
 from app.http.auth import require_synthesis
 from app.jobs.outputs import Outputs, keep_job
 from app.jobs.runner import JobRunner
+from app.protocols import mcp
 from app.protocols.wyoming import start_server as start_wyoming
 from app.routes import (
     cancel,
@@ -111,6 +112,7 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
     redis_watch = RedisWatch(settings.cache_url) if settings.cache_url else None
     runner = JobRunner(service, settings, on_done=None if outputs is None else (
         lambda store, job: keep_job(outputs, store, job, settings.chapter_pause_ms)))
+    agents = mcp.build(service, runner)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -127,7 +129,8 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
         if settings.wyoming_port and fleet is None:
             wyoming = await start_wyoming(service, settings)
         try:
-            yield
+            async with agents.session_manager.run():
+                yield
         finally:
             if wyoming is not None:
                 await wyoming.stop()
@@ -155,5 +158,6 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
     for module in (health, ws, monitoring, session):
         app.include_router(module.router)
     elevenlabs.install(app)
+    mcp.mount(app, agents)
     studio.install(app)
     return app

@@ -5,7 +5,7 @@ server, in this process or on Ray Serve (a local cluster, or the one at ADDR);
 `voxmux doctor [--profile NAME] [--json] [--strict]` checks the installation;
 `voxmux say TEXT -o FILE` speaks into a file and `voxmux voices` lists the catalogue, in this
 process (`app.cli.speak`); `voxmux book BOOK -o BOOK.m4b` makes an audiobook, resumably
-(`app.cli.audiobook`).
+(`app.cli.audiobook`); `voxmux mcp` serves the MCP tools over stdio (`app.cli.mcp`).
 The profile comes from `--profile`, else `VOXMUX_PROFILE`, else `cpu`.
 """
 
@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     speak.add_commands(commands, _add_profile)
     audiobook.add_command(commands)
     _add_profile(commands.choices["book"])
+    _add_profile(commands.add_parser(
+        "mcp", help="serve the MCP tools over stdio, for a desktop agent (no HTTP server)"))
     return parser
 
 
@@ -84,6 +86,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(speak.run(args, settings))
     if args.command == "book":
         raise SystemExit(audiobook.run(args, settings))
+    if args.command == "mcp":
+        from app.cli import mcp
+
+        raise SystemExit(mcp.run(settings))
     configure_logging(settings)
     heap.limit_arenas()  # before uvicorn and the engines start their threads
     if args.ray or settings.ray_address:

@@ -15,6 +15,7 @@ as sent.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -188,6 +189,44 @@ def voices(service: SpeechService, table: dict[str, ElevenLabsVoice]) -> list[di
     listed += [voice_json(*installed[alias.voice], (voice_id, alias))
                for voice_id, alias in table.items() if alias.voice in installed]
     return listed
+
+
+PAGE_SIZE = 10
+"""`GET /v2/voices`' default page, as ElevenLabs'; at most `MAX_PAGE_SIZE`."""
+MAX_PAGE_SIZE = 100
+
+
+def search_voices(listed: list[dict[str, Any]], params: Any) -> dict[str, Any]:
+    """`GET /v2/voices` (the SDK's `voices.search()`): `search` in a voice's id, name,
+    description or labels (case-insensitive), `gender`, `language` and `voice_ids` filters,
+    `page_size` voices a page, and an opaque `next_page_token` (the next offset) while more
+    remain; `InvalidParameter` for a page size or token out of range."""
+    def number(name: str, default: int, low: int, high: int) -> int:
+        raw = params.get(name)
+        try:
+            value = default if raw in (None, "") else int(raw)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise InvalidParameter(f"'{name}' must be a whole number from {low} to {high}",
+                                   param=name)
+        return value
+
+    size = number("page_size", PAGE_SIZE, 1, MAX_PAGE_SIZE)
+    start = number("next_page_token", 0, 0, 1 << 31)
+    search = (params.get("search") or "").strip().lower()[:200]
+    wanted_ids = set(params.getlist("voice_ids")) if hasattr(params, "getlist") else set()
+    found = [v for v in listed
+             if (not search or search in json.dumps(
+                 [v["voice_id"], v["name"], v["description"], v["labels"]]).lower())
+             and (not params.get("gender") or v["labels"].get("gender") == params["gender"])
+             and (not params.get("language")
+                  or str(v["labels"].get("language", "")).startswith(params["language"]))
+             and (not wanted_ids or v["voice_id"] in wanted_ids)]
+    page = found[start:start + size]
+    more = start + size < len(found)
+    return {"voices": page, "has_more": more, "total_count": len(found),
+            "next_page_token": str(start + size) if more else None}
 
 
 def models(service: SpeechService) -> list[dict[str, Any]]:

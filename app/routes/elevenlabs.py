@@ -138,6 +138,14 @@ async def list_voices(request: Request) -> Response:
                                              request.app.state.elevenlabs_voices)})
 
 
+async def search_voices(request: Request) -> Response:
+    """ElevenLabs' newer listing (`GET /v2/voices`, the SDK's `voices.search()`): the same
+    voices as `/v1/voices`, searched and a page at a time."""
+    _authorize(request)
+    listed = el.voices(_service(request), request.app.state.elevenlabs_voices)
+    return JSONResponse(el.search_voices(listed, request.query_params))
+
+
 async def get_voice(voice_id: str, request: Request) -> Response:
     _authorize(request)
     table = request.app.state.elevenlabs_voices
@@ -183,6 +191,7 @@ def _router(with_models: bool) -> APIRouter:
                          methods=["POST"])
     router.add_api_websocket_route(TTS + "/stream-input", stream_input)
     router.add_api_route("/v1/voices", list_voices, methods=["GET"])
+    router.add_api_route("/v2/voices", search_voices, methods=["GET"])
     router.add_api_route("/v1/voices/{voice_id}", get_voice, methods=["GET"])
     router.add_api_route("/v1/user", get_user, methods=["GET"])
     if with_models:
@@ -190,7 +199,7 @@ def _router(with_models: bool) -> APIRouter:
     return router
 
 
-ROOT_PATHS = ("/v1/text-to-speech/", "/v1/voices", "/v1/user")
+ROOT_PATHS = ("/v1/text-to-speech/", "/v1/voices", "/v2/voices", "/v1/user")
 """ElevenLabs' routes at the root: none of them is a path of OpenAI's or VoxMux's own."""
 
 

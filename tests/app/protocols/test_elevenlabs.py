@@ -133,6 +133,34 @@ def test_voices_models_and_user(client: ElevenLabs, live: LiveServer) -> None:
             assert answer.json()["detail"]["status"] == "voice_not_found"
 
 
+def test_voices_search_pages_through_the_same_voices(client: ElevenLabs, live: LiveServer
+                                                     ) -> None:
+    """The SDK's `voices.search()` (`GET /v2/voices`, a 404 before): page by page with its
+    `next_page_token`, the same voices as `/v1/voices`; `search` finds by name or label."""
+    every = {v.voice_id for v in client.voices.get_all().voices}
+    seen: list[str] = []
+    token: str | None = None
+    while True:
+        page = client.voices.search(page_size=3, next_page_token=token,
+                                    include_total_count=True)
+        assert len(page.voices) <= 3 and page.total_count == len(every)
+        seen += [v.voice_id for v in page.voices]
+        if not page.has_more:
+            break
+        token = page.next_page_token
+    assert len(seen) == len(set(seen)) and set(seen) == every
+    found = client.voices.search(search="JOE", page_size=100).voices
+    assert found[0].voice_id == "piper:en_US-joe-medium"  # then the ElevenLabs ids it speaks
+    assert all("joe" in v.model_dump_json().lower() for v in found) and len(found) < len(every)
+    japanese = client.voices.search(search="ja", page_size=100).voices
+    assert "kokoro:jf_alpha" in {v.voice_id for v in japanese}
+    with httpx.Client(base_url=live.url) as http:
+        for bad in ("page_size=0", "page_size=101", "page_size=x", "next_page_token=-1"):
+            answer = http.get(f"/v2/voices?{bad}")
+            assert answer.status_code == 400, (bad, answer.text)
+            assert answer.json()["detail"]["status"]
+
+
 RACHEL, ADAM = "21m00Tcm4TlvDq8ikWAM", "pNInz6obpgDQGcFmaJgB"
 
 
