@@ -9,18 +9,21 @@ Blocking: run off the event loop.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
 import av
 import numpy as np
+import soxr
 
 from engines.base import Audio
 
 BIT_RATE = 64_000
 """AAC bit rate for speech in mono (audiobook stores sell 32-64 kbps)."""
+TAG_CHARS = 500
+"""Longest title, author or chapter name written."""
 BRAND = "M4B "
 """The MP4 brand players know an audiobook by."""
 
@@ -52,7 +55,7 @@ def write_m4b(path: Path, chapters: Iterable[BookChapter], rate: int, *, title: 
     with av.open(str(path), "w", format="ipod", options={"brand": BRAND}) as container:
         for key, value in (("title", title), ("album", title), ("artist", author),
                            ("album_artist", author), ("genre", "Audiobook")):
-            if value:
+            if value and (value := _tag(value)):
                 container.metadata[key] = value
         stream = container.add_stream("aac", rate=rate)
         stream.layout = "mono"
@@ -78,7 +81,7 @@ def write_m4b(path: Path, chapters: Iterable[BookChapter], rate: int, *, title: 
             start = at
             for piece in chapter.audio:
                 put(piece)
-            marks.append(ChapterMark(chapter.title or f"Chapter {n + 1}", start / rate,
+            marks.append(ChapterMark(_tag(chapter.title) or f"Chapter {n + 1}", start / rate,
                                      at / rate))
         for packet in stream.encode(None):
             container.mux(packet)
@@ -90,6 +93,25 @@ def write_m4b(path: Path, chapters: Iterable[BookChapter], rate: int, *, title: 
     if cover:
         _add_cover(path, cover)
     return marks
+
+
+def _tag(text: str) -> str:
+    """A tag's text: control characters (a NUL would end it) as spaces, at most `TAG_CHARS`."""
+    return " ".join("".join(" " if ord(c) < 32 or ord(c) == 127 else c
+                            for c in text[:TAG_CHARS]).split())
+
+
+def resampled(pieces: Iterable[Audio], rate: int, to: int) -> Iterator[Audio]:
+    """`pieces` at `rate` as pieces at `to` (soxr's stream: a chapter is never whole)."""
+    if rate == to:
+        yield from pieces
+        return
+    stream = soxr.ResampleStream(rate, to, 1, dtype="float32", quality="HQ")
+    for piece in pieces:
+        yield np.asarray(stream.resample_chunk(np.asarray(piece, dtype=np.float32)),
+                         dtype=np.float32)
+    yield np.asarray(stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True),
+                     dtype=np.float32)
 
 
 def _add_cover(path: Path, cover: bytes) -> None:

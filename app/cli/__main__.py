@@ -1,3 +1,3 @@
-from app.cli.main import main
+from app.cli import entry
 
-main()
+entry()

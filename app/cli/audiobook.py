@@ -13,17 +13,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import fcntl
 import hashlib
 import json
 import logging
 import shutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from app.cli.local import FORMATS, local_service
+from app.cli.local import FORMATS, Output, local_service
 from app.jobs.front import start_job
 from app.jobs.model import BOOK_FORMAT, FINISHED, Job
 from app.jobs.results import encoded, whole_chunks
@@ -70,8 +74,6 @@ def _request(args: argparse.Namespace) -> tuple[JobRequest, str]:
     if fmt is None:
         raise BookError(f"cannot tell the format from '{output.name}': use .m4b or a suffix of "
                         + ", ".join(FORMATS))
-    if not output.parent.is_dir():
-        raise BookError(f"no such folder: {output.parent}")
     data = source.read_bytes()
     if kind == "epub":
         if not data.startswith(b"PK"):
@@ -82,9 +84,14 @@ def _request(args: argparse.Namespace) -> tuple[JobRequest, str]:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
             raise BookError(f"{source.name} is not UTF-8 text") from None
-    request = JobRequest.model_validate({
-        "model": args.model, "voice": args.voice, "speed": args.speed, "input": text,
-        "input_format": kind, "response_format": fmt, "title": args.title})
+    try:
+        request = JobRequest.model_validate({
+            "model": args.model, "voice": args.voice, "speed": args.speed, "input": text,
+            "input_format": kind, "response_format": fmt, "title": args.title})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error.get("loc", ())) or "the book"
+        raise BookError(f"{where}: {error['msg']}") from None
     asked = {"model": args.model, "voice": args.voice, "speed": args.speed, "format": fmt,
              "title": args.title}
     key = hashlib.sha256(data + json.dumps(asked, sort_keys=True).encode()).hexdigest()
@@ -96,16 +103,39 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     err = Console(stderr=True, highlight=False)
     try:
         request, key = _request(args)
+        output = Output.of(args.output)
         settings = settings.model_copy(update={
             "data_dir": settings.data_dir / OWNER, "outputs_dir": None})
-        asyncio.run(_book(args, settings, request, key, err))
+        try:
+            with _alone(settings.data_dir, key):
+                asyncio.run(_book(args, settings, request, key, output, err))
+        except BaseException:
+            output.drop()  # (its empty .part, made to check the place can be written)
+            raise
         return 0
-    except BookError as exc:
+    except (BookError, ValueError) as exc:
         _fail(str(exc))
         return 2
+    except OSError as exc:  # the output went (a full disk, a file size limit)
+        _fail(f"cannot write the audio: {exc.strerror or exc}")
+        return 1
     except KeyboardInterrupt:
         _fail("stopped; the same command resumes it")
         return 130
+
+
+@contextmanager
+def _alone(folder: Path, key: str) -> Iterator[None]:
+    """One `voxmux book` per book and options at a time (a lock file in the command's store):
+    a second would render the same job beside the first and race it to the output."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{key[:16]}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BookError("another voxmux book is making this book (same file and "
+                            "options): wait for it, or stop it") from None
+        yield
 
 
 def _fail(message: str) -> None:
@@ -113,7 +143,7 @@ def _fail(message: str) -> None:
 
 
 async def _book(args: argparse.Namespace, settings: Settings, request: JobRequest, key: str,
-                err: Console) -> None:
+                output: Output, err: Console) -> None:
     from engines.base import VoxMuxError
 
     async with local_service(settings) as service:
@@ -131,7 +161,7 @@ async def _book(args: argparse.Namespace, settings: Settings, request: JobReques
             job = await _follow(runner, job, err)
             if job.status != "done":
                 raise BookError(f"the book failed: {(job.error or {}).get('message', job.status)}")
-            await _write(runner, job, Path(args.output))
+            await _write(runner, job, output)
             _, _, seconds = await asyncio.to_thread(store.counts, job.id)
         except VoxMuxError as exc:
             raise BookError(str(exc)) from None
@@ -184,20 +214,24 @@ async def _follow(runner: JobRunner, job: Job, err: Console) -> Job:
             await runner.changed(job.id, POLL_SECONDS)
 
 
-async def _write(runner: JobRunner, job: Job, output: Path) -> None:
+async def _write(runner: JobRunner, job: Job, output: Output) -> None:
     """The finished book into `output`, whole or not at all."""
-    partial = output.with_name(f".{output.name}.part")
     fmt = str(job.request.get("response_format"))
     try:
         if fmt == BOOK_FORMAT:
             made = await runner.result_book(job)
-            await asyncio.to_thread(shutil.copyfile, made, partial)
+            await asyncio.to_thread(_copy, made, output.write)
         else:
-            await asyncio.to_thread(_encode_whole, runner, job, fmt, partial)
-        partial.replace(output)
+            await asyncio.to_thread(_encode_whole, runner, job, fmt, output.write)
+        output.done()
     except BaseException:
-        partial.unlink(missing_ok=True)
+        output.drop()
         raise
+
+
+def _copy(source: Path, target: Path) -> None:
+    with open(source, "rb") as reading, open(target, "wb") as writing:
+        shutil.copyfileobj(reading, writing)
 
 
 def _encode_whole(runner: JobRunner, job: Job, fmt: str, target: Path) -> None:

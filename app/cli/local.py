@@ -14,6 +14,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
@@ -44,6 +45,45 @@ async def local_service(settings: Settings) -> AsyncIterator[SpeechService]:
         service.close()
         await registry.close()
         await service.cache.close()
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where a command writes `path`: a regular file (or one not there yet) is written beside it
+    (`.name.part`) and renamed once whole, so it is there whole or not at all; a device, a pipe
+    or any other special file is written straight into (renaming over one replaced it: `-o
+    /dev/null` made a regular file of /dev/null); a symbolic link is followed."""
+
+    write: Path
+    final: Path | None
+    """What `write` is renamed to once whole; None when written in place."""
+
+    @classmethod
+    def of(cls, text: str) -> Output:
+        """`ValueError` with a one-line reason when `text` cannot be written: checked before
+        any audio is made, not after a whole book."""
+        target = Path(text)
+        real = target.resolve() if target.is_symlink() else target
+        if real.is_dir():
+            raise ValueError(f"{target} is a folder")
+        if real.exists() and not real.is_file():
+            return cls(real, None)
+        if not real.parent.is_dir():
+            raise ValueError(f"no such folder: {real.parent}")
+        part = real.with_name(f".{real.name}.part")
+        try:
+            part.open("wb").close()
+        except OSError as exc:
+            raise ValueError(f"cannot write {target}: {exc.strerror or exc}") from None
+        return cls(part, real)
+
+    def done(self) -> None:
+        if self.final is not None:
+            self.write.replace(self.final)
+
+    def drop(self) -> None:
+        if self.final is not None:
+            self.write.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)

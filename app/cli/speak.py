@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from app.cli.local import FORMATS, local_service, speak, voice_rows
+from app.cli.local import FORMATS, Output, local_service, speak, voice_rows
 from app.settings import Settings
 from engines.base import SynthesisFailed, VoxMuxError
 
@@ -85,6 +85,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     except KeyboardInterrupt:
         _fail(args, "interrupted")
         return 130
+    except OSError as exc:  # the output went (a full disk, a closed pipe, a file size limit)
+        _fail(args, f"cannot write the audio: {exc.strerror or exc}")
+        return 1
 
 
 def _fail(args: argparse.Namespace, error: object) -> None:
@@ -106,7 +109,12 @@ async def _voices(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def _text(args: argparse.Namespace) -> str:
-    text = sys.stdin.read() if args.text == "-" else args.text
+    text: str = args.text
+    if text == "-":
+        try:
+            text = sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError:
+            raise CliError("the text on stdin is not UTF-8") from None
     if not text.strip():
         raise CliError("there is no text to speak")
     return text
@@ -129,7 +137,7 @@ def _format(args: argparse.Namespace) -> str:
 async def _say(args: argparse.Namespace, settings: Settings, err: Console) -> None:
     text, fmt = _text(args), _format(args)
     input_format = "ssml" if args.ssml else None
-    target: Path | None = None
+    target: Output | None = None
     player: tuple[str, ...] | None = None
     if args.play:
         player = next((p for p in PLAYERS if shutil.which(p[0])), None)
@@ -137,40 +145,40 @@ async def _say(args: argparse.Namespace, settings: Settings, err: Console) -> No
             raise CliError("--play needs ffplay, paplay, aplay or afplay; use -o FILE")
         handle, name = tempfile.mkstemp(suffix=".wav")
         os.close(handle)
-        target = Path(name)
+        target = Output(Path(name), None)
     elif args.output != "-":
-        target = Path(args.output)
-        if not target.parent.is_dir():
-            raise CliError(f"no such folder: {target.parent}")
+        try:
+            target = Output.of(args.output)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
     progress = Progress(TextColumn("{task.description}"), BarColumn(),
                         TextColumn("{task.completed}/{task.total} segments"),
                         TimeRemainingColumn(), console=err, transient=True,
                         disable=not err.is_terminal)
     task = progress.add_task("speaking", total=None)
-    partial = target.with_name(f".{target.name}.part") if target and not args.play else target
     try:
         with progress:
             async with local_service(settings) as service:
                 out: BinaryIO
-                with (open(partial, "wb") if partial else sys.stdout.buffer) as out:
+                with (open(target.write, "wb") if target else sys.stdout.buffer) as out:
                     said = await speak(service, out, text=text, fmt=fmt, model=args.model,
                                        voice=args.voice, speed=args.speed,
                                        language=args.language, input_format=input_format,
                                        progress=lambda done, total: progress.update(
                                            task, completed=done, total=total))
-        if partial and target and partial != target:
-            partial.replace(target)  # a file is there whole or not at all
+        if target is not None:
+            target.done()  # a file is there whole or not at all
     except BaseException:
-        if partial is not None:
-            partial.unlink(missing_ok=True)
+        if target is not None:
+            target.drop()
         raise
     if player is not None and target is not None:
         try:
-            subprocess.run([*player, str(target)], check=False)
+            subprocess.run([*player, str(target.write)], check=False)
         finally:
-            target.unlink(missing_ok=True)
+            target.write.unlink(missing_ok=True)
         return
     if target is not None:
-        err.print(f"{target}: {said.seconds:.1f} s of {fmt}, {said.model} voice {said.voice}",
+        err.print(f"{args.output}: {said.seconds:.1f} s of {fmt}, {said.model} voice {said.voice}",
                   soft_wrap=True,
                   markup=False)

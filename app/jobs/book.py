@@ -393,10 +393,10 @@ class BookDetails:
     """The cover picture (JPEG or PNG) when the package names one."""
 
 
-def epub_details(source: str, budget: ArchiveBudget) -> BookDetails:
-    """The title, author and cover of an EPUB sent in base64 (structure files only, and the
-    cover, at most `COVER_MAX_BYTES` inflated); empty details from a package that names none
-    or cannot be read (its chapters are read, and refused, on their own)."""
+def epub_details(source: str, budget: ArchiveBudget, cover: bool = True) -> BookDetails:
+    """The title, author and (with `cover`) cover of an EPUB sent in base64 (structure files
+    only, and the cover, at most `COVER_MAX_BYTES` inflated); empty details from a package that
+    names none or cannot be read (its chapters are read, and refused, on their own)."""
     data = _epub_bytes(source)
     check_archive(data, budget)
     reader = _reader(data)
@@ -410,7 +410,8 @@ def epub_details(source: str, budget: ArchiveBudget) -> BookDetails:
         text = " ".join(str(values[0][0]).split()) if values and values[0][0] else ""
         return text[:500] or None
 
-    return BookDetails(first("title"), first("creator"), _cover(book, reader, data))
+    return BookDetails(first("title"), first("creator"),
+                       _cover(book, reader, data) if cover else None)
 
 
 def _cover(book: Any, reader: Any, data: bytes) -> bytes | None:
@@ -431,7 +432,7 @@ def _cover(book: Any, reader: Any, data: bytes) -> bytes | None:
                 if archive.getinfo(path).file_size > COVER_MAX_BYTES:
                     return None
                 picture = archive.read(path)
-        except (KeyError, zipfile.BadZipFile, zlib.error, EOFError, OSError):
+        except Exception:  # missing, damaged, encrypted, an unknown compression: no cover
             return None
         return picture if picture.startswith((b"\xff\xd8", b"\x89PNG")) else None
     return None

@@ -304,7 +304,8 @@ async def start_job(runner: JobRunner, owner: str, body: JobRequest, client: str
     chars = sum(len(i.text) for i in items)
     details = book.BookDetails()
     if body.input_format == "epub" and body.input is not None:
-        details = await asyncio.to_thread(book.epub_details, body.input, budget)
+        details = await asyncio.to_thread(book.epub_details, body.input, budget,
+                                          body.response_format == BOOK_FORMAT)
     files = ({COVER_NAME: details.cover}
              if details.cover and body.response_format == BOOK_FORMAT else {})
     return await runner.create(owner, "book", {

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from app.audio.audiobook import BookChapter, write_m4b
+from app.audio.audiobook import BookChapter, resampled, write_m4b
 from app.audio.encoders import StreamEncoder
 from app.jobs.model import Item, Job, JobNotFound
 from app.jobs.store import Store
@@ -177,7 +178,7 @@ def _make_zip(store: Store, job: Job, path: Path) -> Path:
 def _keep(store: Store, job: Job, path: Path, write: Callable[[Path], object]) -> Path:
     """A result file made beside `path` by `write`, then counted against the store's bound and
     put in place; nothing is left behind when either fails."""
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}.tmp")  # two builders: two files
     try:
         write(tmp)
         size = tmp.stat().st_size
@@ -205,7 +206,8 @@ def job_book(store: Store, job: Job, pause_ms: int) -> Path:
     items = spoken(store.items(job.id))
     rate = next((i.sample_rate for i in items if i.sample_rate), PCM_RATE)
     cover = store.file(job.id, COVER_NAME)
-    chapters = [BookChapter(i.title, item_chunks(store, job.id, i)) for i in items]
+    chapters = [BookChapter(i.title, resampled(item_chunks(store, job.id, i),
+                                               i.sample_rate or rate, rate)) for i in items]
 
     def write(tmp: Path) -> None:
         write_m4b(tmp, chapters, rate, title=job.request.get("title"),

@@ -32,6 +32,7 @@ on the loop, not in a thread.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import logging
@@ -121,6 +122,9 @@ class JobRunner:
         self.on_done = on_done
         """Called (in a thread) with the store and each job that finished well: the outputs
         directory."""
+        self._books = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="voxmux-book")
+        """Audiobooks are encoded here, one at a time: an hour of AAC takes a minute of a core,
+        and a few at once in the shared pool starved every other route's thread."""
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self.shared = False
         """Whether the store is shared with other processes (Redis, on a cluster): then jobs are
@@ -233,6 +237,7 @@ class JobRunner:
         for task in runs.values():
             task.cancel()
         await asyncio.gather(*self._tasks, *runs.values(), return_exceptions=True)
+        self._books.shutdown(wait=False, cancel_futures=True)
         if hasattr(self, "store"):
             if self.shared:
                 for job_id in runs:
@@ -385,8 +390,8 @@ class JobRunner:
     async def result_book(self, job: Job) -> Path:
         """The finished book job's audiobook (`app.jobs.results.job_book`), in the same turn."""
         async with self.zip_turn(job.id):
-            return await asyncio.to_thread(job_book, self.store, job,
-                                           self.settings.chapter_pause_ms)
+            return await asyncio.get_running_loop().run_in_executor(
+                self._books, job_book, self.store, job, self.settings.chapter_pause_ms)
 
     # -- running -----------------------------------------------------------------------------
 

@@ -336,7 +336,8 @@ class JobRequest(SpeechOptions):
         "mp3", description="`m4b`: the whole job is one audiobook (AAC in MP4, a chapter "
         "marker at each chapter, its title and author, an EPUB's cover); each chapter alone "
         "is AAC")
-    title: str | None = Field(None, description="The job's name (a book's title)")
+    title: str | None = Field(None, max_length=500,
+                              description="The job's name (a book's title)")
 
 
 class JobProgress(BaseModel):

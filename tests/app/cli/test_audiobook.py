@@ -99,9 +99,11 @@ def test_a_book_is_an_m4b_and_resumes_after_a_kill(tmp_path: Path) -> None:
     assert [m["metadata"]["title"] for m in marks] == [t for t, _ in CHAPTERS]
     starts = [float(m["start"] * m["time_base"]) for m in marks]
     assert np.allclose(starts, expected, atol=0.05), (starts, expected)
-    for start, (title, _) in zip(starts, CHAPTERS, strict=True):
-        heard = hear(samples[int(start * rate):int((start + 2.0) * rate)], rate)
-        assert title.lower() in heard.text.lower(), heard.text
+    for start, word in zip(starts, ("baker", "market", "lamps"), strict=True):
+        # The chapter's first sentence right after its marker (its one-word title alone was
+        # heard "No" for "Noon" once: Piper samples its noise).
+        heard = hear(samples[int(start * rate):int((start + 3.0) * rate)], rate)
+        assert word in heard.text.lower(), heard.text
 
 
 @pytest.mark.parametrize(("args", "says"), [
@@ -110,12 +112,16 @@ def test_a_book_is_an_m4b_and_resumes_after_a_kill(tmp_path: Path) -> None:
     (("{tmp}/book.md", "-o", "{tmp}/a.m4b", "-m", "piper", "-v", "nobody"), "nobody"),
     (("{tmp}/book.md", "-o", "{tmp}/a.xyz"), "a.xyz"),
     (("{tmp}/book.doc", "-o", "{tmp}/a.m4b"), "book.doc"),
+    (("{tmp}/book.md", "-o", "{tmp}/a.m4b", "-s", "0"), "speed"),
+    (("{tmp}/book.md", "-o", "{tmp}"), "cannot tell the format"),
+    (("{tmp}/book.md", "-o", "{tmp}/dir.m4b"), "is a folder"),
 ])
 def test_bad_input_is_one_line_and_status_2(tmp_path: Path, args: tuple[str, ...],
                                             says: str) -> None:
     (tmp_path / "text.epub").write_text("just some text, not a zip")
     (tmp_path / "book.md").write_text("# One\n\nA chapter.\n")
     (tmp_path / "book.doc").write_text("a document")
+    (tmp_path / "dir.m4b").mkdir()
     done = subprocess.run(command(*(a.format(tmp=tmp_path) for a in args)), env=env(tmp_path),
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 2, (done.stdout, done.stderr)

@@ -112,3 +112,68 @@ def test_an_epub_audiobook_carries_its_title_author_and_cover(espeak_server: Liv
         assert container.metadata.get("artist") == "Ada Writer"
     tags = MP4(str(book)).tags
     assert tags is not None and bytes(tags["covr"][0]) == PNG
+
+
+def _encrypted(data: bytes, name: str) -> bytes:
+    """`data` (a ZIP) with entry `name` marked encrypted in its directory, as zipfile reads."""
+    import struct
+
+    patched = bytearray(data)
+    at = patched.find(b"PK\x01\x02")
+    while at != -1:
+        length = struct.unpack_from("<H", patched, at + 28)[0]
+        if bytes(patched[at + 46:at + 46 + length]) == name.encode():
+            struct.pack_into("<H", patched, at + 8, struct.unpack_from("<H", patched, at + 8)[0]
+                             | 1)
+        at = patched.find(b"PK\x01\x02", at + 4)
+    return bytes(patched)
+
+
+def test_a_cover_that_cannot_be_read_leaves_the_book_without_one(espeak_server: LiveServer,
+                                                                  tmp_path: Path) -> None:
+    """An EPUB whose cover entry is encrypted (or packed in a way Python cannot read) is still
+    a book: its audiobook has no cover. (It was a 500, whatever the job's format.)"""
+    import base64
+
+    from mutagen.mp4 import MP4
+
+    from tests.app.audio.test_audiobook import PNG
+
+    data = epub_with_cover(PNG)
+    name = next(n for n in zipfile.ZipFile(io.BytesIO(data)).namelist() if "cover" in n
+                and n.endswith(".png"))
+    with espeak_server.client() as client:
+        job = make_job(client, input=base64.b64encode(_encrypted(data, name)).decode(),
+                       input_format="epub", response_format="m4b")
+        assert wait_job(client, str(job["id"]))["status"] == "done"
+        whole = client.get(f"/v1/audio/jobs/{job['id']}/audio")
+    book = tmp_path / "book.m4b"
+    book.write_bytes(whole.content)
+    tags = MP4(str(book)).tags
+    assert tags is None or "covr" not in tags
+
+
+def test_chapters_at_other_rates_are_resampled_to_the_books(espeak_server: LiveServer,
+                                                            tmp_path: Path) -> None:
+    """tts-1 speaks English with hibari at 24 kHz and Russian with eSpeak NG at 22.05 kHz: each
+    chapter keeps its length and pitch in the book (it was written at the first chapter's rate,
+    8.8 % fast), and the markers fall where the chapters' own durations put them."""
+    with espeak_server.client() as client:
+        job = make_job(client, response_format="m4b", model="tts-1", voice=None, items=[
+            {"input": "The first chapter, spoken by hibari.", "title": "One"},
+            {"input": "Утро наступило в тихом городе.", "title": "Two"},  # eSpeak NG
+            {"input": "The third chapter, hibari again.", "title": "Three"}])
+        done = wait_job(client, str(job["id"]))
+        assert done["status"] == "done", done
+        whole = client.get(f"/v1/audio/jobs/{job['id']}/audio")
+    book = tmp_path / "book.m4b"
+    book.write_bytes(whole.content)
+    pause = espeak_server.app.state.settings.chapter_pause_ms / 1000
+    durations = [c["duration_s"] for c in done["chapters"]]
+    with av.open(str(book)) as container:
+        starts = [float(m["start"] * m["time_base"]) for m in container.chapters()]
+        assert container.streams.audio[0].codec_context.sample_rate == 24000
+        seconds = float(container.duration or 0) / 1e6
+    expected = [sum(durations[:n]) + n * pause for n in range(3)]
+    assert np.allclose(starts, expected, atol=0.05), (starts, expected)
+    assert abs(seconds - (sum(durations) + 2 * pause)) < 0.2
