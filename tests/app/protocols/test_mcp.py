@@ -191,4 +191,4 @@ def test_a_cancelled_call_stops_its_synthesis(live: LiveServer) -> None:
                 await asyncio.sleep(0.1)
             return time.monotonic() - cancelled
 
-    assert asyncio.run(session()) < 3.0
+    assert asyncio.run(session()) < 6.0
