@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.http.auth import MESSAGE, authenticator
+from app.http.clients import client_id
 from app.http.errors import InvalidApiKey, error_response
 from app.jobs.front import card_payload, owner_of, start_job
 from app.jobs.model import JobNotFound
@@ -59,13 +60,13 @@ def build(service: SpeechService, runner: JobRunner | None) -> MCPServer:
                  "with each word's start and end in seconds. model: a model id or alias "
                  "(tts-1 follows the text's language); voice: a voice id (list_voices); "
                  "format: mp3, opus, aac, flac or wav.")
-    async def speak(text: str, model: str = "tts-1", voice: str | None = None,
+    async def speak(ctx: Context, text: str, model: str = "tts-1", voice: str | None = None,
                     speed: float = 1.0, format: str = "wav") -> CallToolResult:
         if format not in FORMATS:
             raise ToolError(f"format must be one of {', '.join(FORMATS)}")
         try:
             clip = await synthesize(service, model=model, text=text, voice=voice, speed=speed,
-                                    fmt=format, request_id=_request_id(), client=OWNER)
+                                    fmt=format, request_id=_request_id(), client=_client(ctx))
         except VoxMuxError as exc:
             raise ToolError(_said(exc)) from None
         milliseconds = clip.stats.get("audio_duration_ms")
@@ -104,7 +105,7 @@ def build(service: SpeechService, runner: JobRunner | None) -> MCPServer:
         except ValueError as exc:
             raise ToolError(f"Invalid audiobook request: {exc}") from None
         try:
-            job = await start_job(jobs, _owner(ctx), body, OWNER)
+            job = await start_job(jobs, _owner(ctx), body, _client(ctx))
             return await _card(jobs, job.id, _owner(ctx))
         except VoxMuxError as exc:
             raise ToolError(_said(exc)) from None
@@ -121,12 +122,13 @@ def build(service: SpeechService, runner: JobRunner | None) -> MCPServer:
     @server.tool(description="Hear a word as it is read now and with a proposed reading (IPA "
                  "between slashes, /bəˈnænə/, or a respelling), in a sentence or alone: two "
                  "clips, to choose a lexicon entry.")
-    async def pronounce(word: str, reading: str, model: str = "tts-1", text: str = "",
-                        voice: str = "", language: str = "en") -> CallToolResult:
+    async def pronounce(ctx: Context, word: str, reading: str, model: str = "tts-1",
+                        text: str = "", voice: str = "", language: str = "en"
+                        ) -> CallToolResult:
         try:
             trial = await lexicon.trial(service, word=word, reading=reading, text=text,
                                         model=model, voice=voice, language=language,
-                                        request_id=_request_id(), client=OWNER)
+                                        request_id=_request_id(), client=_client(ctx))
         except VoxMuxError as exc:
             raise ToolError(_said(exc)) from None
         meta = {"word": trial.word, "reading": trial.reading, "text": trial.text,
@@ -176,6 +178,13 @@ def _owner(ctx: Context) -> str:
     results there); over stdio, `OWNER`."""
     request = ctx.request_context.request
     return owner_of(request) if isinstance(request, Request) else OWNER
+
+
+def _client(ctx: Context) -> str:
+    """Who asks, as every route counts clients (fair turns, lexicons): over HTTP the key or
+    address (`client_id`); over stdio, `OWNER`."""
+    request = ctx.request_context.request
+    return client_id(request) if isinstance(request, Request) else OWNER
 
 
 async def _card(runner: JobRunner, job_id: str, owner: str) -> dict[str, Any]:
