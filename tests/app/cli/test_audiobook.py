@@ -19,7 +19,7 @@ import pytest
 from app.jobs.store import JobStore
 from app.settings import Settings
 from tests.conftest import CACHE_DIR
-from tests.hearing import hear
+from tests.hearing import hear, normalize
 
 CHAPTERS = [("Morning", "The baker opened his shop before the sun was up. "),
             ("Noon", "The market square filled with people buying bread. "),
@@ -99,11 +99,15 @@ def test_a_book_is_an_m4b_and_resumes_after_a_kill(tmp_path: Path) -> None:
     assert [m["metadata"]["title"] for m in marks] == [t for t, _ in CHAPTERS]
     starts = [float(m["start"] * m["time_base"]) for m in marks]
     assert np.allclose(starts, expected, atol=0.05), (starts, expected)
-    for start, word in zip(starts, ("baker", "market", "lamps"), strict=True):
-        # The chapter's first sentence right after its marker (its one-word title alone was
-        # heard "No" for "Noon" once: Piper samples its noise).
-        heard = hear(samples[int(start * rate):int((start + 3.0) * rate)], rate)
-        assert word in heard.text.lower(), heard.text
+    spoken = [set(normalize(f"{title}. {sentence}")) for title, sentence in CHAPTERS]
+    for n, start in enumerate(starts):
+        # What is heard right after a marker is its own chapter's opening, by the words it
+        # shares with each (one word alone is too little: Whisper heard "Noon" as "No" and
+        # "lamps" as "lats" once, Piper sampling its noise).
+        heard = set(normalize(hear(samples[int(start * rate):int((start + 3.0) * rate)],
+                                   rate).text))
+        shared = [len(heard & words) for words in spoken]
+        assert shared.index(max(shared)) == n and shared[n] >= 4, (n, heard, shared)
 
 
 @pytest.mark.parametrize(("args", "says"), [

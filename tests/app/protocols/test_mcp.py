@@ -125,7 +125,7 @@ def test_pronounce_gives_the_word_now_and_with_the_reading(live: LiveServer) -> 
     async def session() -> Any:
         async with _http(live) as client:
             return await client.call_tool("pronounce", {
-                "word": "Blorvek", "reading": "/bəˈnænə/", "model": "piper",
+                "word": "Blorvek", "reading": "/bəˈnænə/", "model": "hibari",
                 "text": "Please buy Blorvek today."})
 
     result = asyncio.run(session())
