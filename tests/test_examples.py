@@ -47,6 +47,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import CACHE_DIR, LiveServer, decode, free_port, start_server, test_settings
+from tests.epubs import make_epub
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -143,27 +144,11 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
 
 def user_files(folder: Path) -> Path:
     """The files the examples read, as a user would have them beside the commands."""
-    from ebooklib import epub
-
     shutil.copytree(FILES, folder)
-    book = epub.EpubBook()
-    book.set_identifier("voxmux-examples-town")
-    book.set_title("A Day in Town")
-    book.set_language("en")
-    book.add_author("Tom Teller")
-    chapters = []
-    for n, (title, text) in enumerate([
-            ("Morning", "The baker opened his shop before the sun was up."),
-            ("Evening", "The lamps were lit and the town went quiet.")]):
-        chapter = epub.EpubHtml(title=title, file_name=f"c{n}.xhtml", lang="en")
-        chapter.content = f"<h1>{title}</h1><p>{text}</p>"
-        book.add_item(chapter)
-        chapters.append(chapter)
-    book.toc = chapters
-    book.add_item(epub.EpubNcx())
-    book.add_item(epub.EpubNav())
-    book.spine = chapters
-    epub.write_epub(str(folder / "town.epub"), book)
+    (folder / "town.epub").write_bytes(make_epub(
+        [("Morning", "<p>The baker opened his shop before the sun was up.</p>"),
+         ("Evening", "<p>The lamps were lit and the town went quiet.</p>")],
+        title="A Day in Town", identifier="voxmux-examples-town", author="Tom Teller"))
     from engines.kokoro import _package_data
 
     with np.load(_package_data("voices_ja.npz")) as pack:

@@ -16,7 +16,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -469,13 +469,9 @@ def test_two_ingress_replicas_stream_through_one_engine_replica(cluster: Deploye
     assert "Traceback" not in logged and "KeyError" not in logged, logged[-3000:]
 
 
-def test_stats_count_what_renders_and_waits_on_the_engine_replica(cluster: Deployed) -> None:
-    """Five long requests on one engine replica rendering two at a time: it takes them all
-    (more than it renders, so the next is there when a turn ends), and `/stats` counts the five
-    within one: `active` those that have had an engine turn (turns go segment by segment, so
-    soon all five), `queued` those still waiting for their first. The lane's counters it
-    reported were always 0."""
-    cluster.redeploy(**NARROW)
+def five_counted(cluster: Deployed, enough: Callable[[int, int], bool]) -> None:
+    """Five long requests at once: `/stats` counts them within one of five, with `enough`
+    (active, queued) on a reading, and (0, 0) once they are done."""
     speech(cluster, "piper", "Warm.").raise_for_status()
     statuses: list[int] = []
 
@@ -491,7 +487,8 @@ def test_stats_count_what_renders_and_waits_on_the_engine_replica(cluster: Deplo
         with cluster.client() as http:
             stats = http.get("/stats").json()
         readings.append((stats["active"], stats["queued"]))
-        return abs(stats["active"] + stats["queued"] - 5) <= 1 and stats["active"] >= 2
+        return (abs(stats["active"] + stats["queued"] - 5) <= 1
+                and enough(stats["active"], stats["queued"]))
 
     try:
         assert until(read, timeout=60, every=0.3), readings
@@ -500,6 +497,16 @@ def test_stats_count_what_renders_and_waits_on_the_engine_replica(cluster: Deplo
             thread.join(timeout=300)
     assert statuses == [200] * 5
     assert until(lambda: not read() and readings[-1] == (0, 0), timeout=15), readings
+
+
+def test_stats_count_what_renders_and_waits_on_the_engine_replica(cluster: Deployed) -> None:
+    """Five long requests on one engine replica rendering two at a time: it takes them all
+    (more than it renders, so the next is there when a turn ends), and `/stats` counts the five
+    within one: `active` those that have had an engine turn (turns go segment by segment, so
+    soon all five), `queued` those still waiting for their first. The lane's counters it
+    reported were always 0."""
+    cluster.redeploy(**NARROW)
+    five_counted(cluster, lambda active, queued: active >= 2)
 
 
 def test_stats_count_requests_waiting_in_serves_queue(cluster: Deployed) -> None:
@@ -508,30 +515,7 @@ def test_stats_count_requests_waiting_in_serves_queue(cluster: Deployed) -> None
     `/stats` counts them from the ingress's own calls that no replica has taken yet. (It said
     `queued 0` with three waiting there.)"""
     cluster.redeploy(**{**NARROW, "ray_ingress_replicas": 1, "ray_engine_ongoing": 2})
-    speech(cluster, "piper", "Warm.").raise_for_status()
-    statuses: list[int] = []
-
-    def one() -> None:
-        statuses.append(speech(cluster, "piper", unique(TEN), fmt="pcm").status_code)
-
-    threads = [threading.Thread(target=one) for _ in range(5)]
-    for thread in threads:
-        thread.start()
-    readings: list[tuple[int, int]] = []
-
-    def read() -> bool:
-        with cluster.client() as http:
-            stats = http.get("/stats").json()
-        readings.append((stats["active"], stats["queued"]))
-        return abs(stats["active"] + stats["queued"] - 5) <= 1 and stats["queued"] >= 2
-
-    try:
-        assert until(read, timeout=60, every=0.3), readings
-    finally:
-        for thread in threads:
-            thread.join(timeout=300)
-    assert statuses == [200] * 5
-    assert until(lambda: not read() and readings[-1] == (0, 0), timeout=15), readings
+    five_counted(cluster, lambda active, queued: queued >= 2)
 
 
 def test_six_streams_on_one_replica_all_hear_audio_before_any_ends(cluster: Deployed) -> None:

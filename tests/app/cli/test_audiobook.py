@@ -5,7 +5,6 @@ from the segments already stored; bad input is one line and exit status 2."""
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 import subprocess
@@ -19,6 +18,7 @@ import pytest
 from app.jobs.store import JobStore
 from app.settings import Settings
 from tests.conftest import CACHE_DIR
+from tests.epubs import make_epub
 from tests.hearing import hear, normalize
 
 CHAPTERS = [("Morning", "The baker opened his shop before the sun was up. "),
@@ -37,26 +37,9 @@ def command(*args: str) -> list[str]:
 
 
 def epub(path: Path) -> Path:
-    from ebooklib import epub as e
-
-    book = e.EpubBook()
-    book.set_identifier("voxmux-cli-book")
-    book.set_title("A Day in Town")
-    book.set_language("en")
-    book.add_author("Tom Teller")
-    items = []
-    for n, (title, sentence) in enumerate(CHAPTERS):
-        chapter = e.EpubHtml(title=title, file_name=f"c{n}.xhtml", lang="en")
-        chapter.content = f"<h1>{title}</h1><p>{sentence * 4}</p>"
-        book.add_item(chapter)
-        items.append(chapter)
-    book.toc = items
-    book.add_item(e.EpubNcx())
-    book.add_item(e.EpubNav())
-    book.spine = items
-    buffer = io.BytesIO()
-    e.write_epub(buffer, book)
-    path.write_bytes(buffer.getvalue())
+    chapters = [(title, f"<p>{sentence * 4}</p>") for title, sentence in CHAPTERS]
+    path.write_bytes(make_epub(chapters, title="A Day in Town", identifier="voxmux-cli-book",
+                               author="Tom Teller"))
     return path
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from tests.app.jobs.conftest import wait_job
 from tests.app.jobs.test_jobs import MARKDOWN, make_job
 from tests.conftest import LiveServer, decode
+from tests.epubs import make_epub
 from tests.hearing import hear
 
 
@@ -66,28 +67,10 @@ def test_a_book_job_is_one_m4b_with_a_marker_at_each_chapter(espeak_server: Live
 
 
 def epub_with_cover(cover: bytes) -> bytes:
-    from ebooklib import epub
-
-    book = epub.EpubBook()
-    book.set_identifier("voxmux-cover")
-    book.set_title("The Covered Book")
-    book.set_language("en")
-    book.add_author("Ada Writer")
-    book.set_cover("cover.png", cover)
-    chapters = []
-    for n, (title, text) in enumerate([("Dawn", "The sun rose over the quiet town."),
-                                       ("Dusk", "The lamps were lit along the road.")]):
-        chapter = epub.EpubHtml(title=title, file_name=f"c{n}.xhtml", lang="en")
-        chapter.content = f"<h1>{title}</h1><p>{text}</p>"
-        book.add_item(chapter)
-        chapters.append(chapter)
-    book.toc = chapters
-    book.add_item(epub.EpubNcx())
-    book.add_item(epub.EpubNav())
-    book.spine = chapters
-    buffer = io.BytesIO()
-    epub.write_epub(buffer, book)
-    return buffer.getvalue()
+    return make_epub([("Dawn", "<p>The sun rose over the quiet town.</p>"),
+                      ("Dusk", "<p>The lamps were lit along the road.</p>")],
+                     title="The Covered Book", identifier="voxmux-cover",
+                     author="Ada Writer", cover=cover)
 
 
 def test_an_epub_audiobook_carries_its_title_author_and_cover(espeak_server: LiveServer,

@@ -19,6 +19,7 @@ import webvtt
 
 from tests.app.jobs.conftest import wait_job
 from tests.conftest import LiveServer, decode
+from tests.epubs import make_epub
 
 KEY_A = {"Authorization": "Bearer key-a"}
 KEY_B = {"Authorization": "Bearer key-b"}
@@ -78,27 +79,12 @@ def test_a_markdown_book_becomes_chapters_with_audio_captions_and_a_zip(
 
 
 def test_an_epub_is_read_chapter_by_chapter(espeak_server: LiveServer) -> None:
-    from ebooklib import epub
-
-    book = epub.EpubBook()
-    book.set_identifier("voxmux-test")
-    book.set_title("A small book")
-    book.set_language("en")
-    chapters = []
-    for n, (title, text) in enumerate([("First Light", "Morning came over the hills."),
-                                       ("Night Falls", "The stars came out one by one.")]):
-        chapter = epub.EpubHtml(title=title, file_name=f"c{n}.xhtml", lang="en")
-        chapter.content = f"<h1>{title}</h1><p>{text}</p><p>Another line here.</p>"
-        book.add_item(chapter)
-        chapters.append(chapter)
-    book.toc = chapters
-    book.add_item(epub.EpubNcx())
-    book.add_item(epub.EpubNav())
-    book.spine = ["nav", *chapters]
-    buffer = io.BytesIO()
-    epub.write_epub(buffer, book)
+    data = make_epub([(title, f"<p>{text}</p><p>Another line here.</p>") for title, text in [
+        ("First Light", "Morning came over the hills."),
+        ("Night Falls", "The stars came out one by one.")]], title="A small book",
+        nav_in_spine=True)
     with espeak_server.client() as client:
-        job = make_job(client, input=base64.b64encode(buffer.getvalue()).decode(),
+        job = make_job(client, input=base64.b64encode(data).decode(),
                        input_format="epub", response_format="wav")
         done = wait_job(client, str(job["id"]))
         assert [c["title"] for c in done["chapters"]][-2:] == ["First Light", "Night Falls"]
