@@ -133,6 +133,13 @@ class Settings(BaseSettings):
     one before (neighbouring sentences packed together, up to the engine's limit), so a long
     text costs few engine calls; 1 keeps one sentence per segment. Streamed text is never
     packed."""
+    segment_packing: Literal["auto", "grow", "full"] = "auto"
+    """How segments after the short first one are sized. `grow`: by `segment_growth` (a CPU
+    runs one engine call at a time, so early calls stay short while the listener catches up).
+    `full`: packed up to the engine's limit at once (fewer, fuller runs: a GPU spends about as
+    long on a short segment as on a long one). `auto`: `full` for a model whose sessions run on a
+    device (its first provider is not the CPU), `grow` otherwise. The first segment stays short
+    either way, and streamed text is never packed."""
     sentence_pause_ms: int = 250
     """Pause inserted between sentences of one request."""
     concurrency: int = Field(1, ge=1)

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import re
 import uuid
 from collections import defaultdict
@@ -495,12 +496,17 @@ class SpeechService:
         first = most if whole else self.settings.first_segment_chars
         if capabilities.whole_first_sentence and first < most:
             first = max(first, len(first_sentence(text, most)))
-        return split_text(
-            text,
-            max_chars=most,
-            first_max_chars=first,
-            growth=self.settings.segment_growth,
-        )
+        return split_text(text, max_chars=most, first_max_chars=first,
+                          growth=self._growth(plan.handle.providers))
+
+    def _growth(self, providers: tuple[str, ...]) -> float:
+        """How much each segment's budget grows over the one before (`segment_packing`): a
+        model on a device packs every segment after the first up to the engine's limit."""
+        packing = self.settings.segment_packing
+        if packing == "auto":
+            on_device = bool(providers) and providers[0] != "CPUExecutionProvider"
+            packing = "full" if on_device else "grow"
+        return math.inf if packing == "full" else self.settings.segment_growth
 
     def _voice_language(self, plan: SpeechPlan) -> str:
         for voice in plan.engine.voices():

@@ -328,12 +328,24 @@ def segment_offsets(text: str, segments: list[str]) -> list[int]:
     return offsets
 
 
+def _budget(k: int, first_max_chars: int, max_chars: int, growth: float) -> int:
+    """The k-th segment's budget: `first_max_chars * growth ** k`, at most `max_chars`."""
+    if k == 0:
+        return min(first_max_chars, max_chars)
+    # Compared in logs first: past ~1,000 segments growth ** k overflows (a book has more), and
+    # an infinite growth (`segment_packing = "full"`) is the limit at once.
+    if math.log(first_max_chars) + k * math.log(growth) >= math.log(max_chars):
+        return max_chars
+    return min(max_chars, int(first_max_chars * growth ** k))
+
+
 def pack(text: str, segments: list[str], *, first_max_chars: int, max_chars: int,
          growth: float) -> list[str]:
     """Join neighbouring segments after the first while the joined slice of `text` fits the
     budget of its place: `first_max_chars * growth ** k` for the k-th segment, at most
-    `max_chars`. When the first budget is the limit itself (nothing waits for early audio), the
-    first segment is packed too. Joined segments are slices of `text` again (the space between
+    `max_chars` (an infinite `growth`: the limit from the second segment on). When the first
+    budget is the limit itself (nothing waits for early audio), the first segment is packed
+    too. Joined segments are slices of `text` again (the space between
     kept). A paragraph break is never packed over: it keeps its segment boundary and its pause."""
     whole = first_max_chars >= max_chars
     if growth <= 1 or len(segments) < (2 if whole else 3):
@@ -343,11 +355,7 @@ def pack(text: str, segments: list[str], *, first_max_chars: int, max_chars: int
     start = end = -1
     first = len(packed)
     for segment, offset in zip(segments[first:], offsets[first:], strict=True):
-        # Compared in logs first: past ~1,000 segments growth ** k overflows (a book has more).
-        if math.log(first_max_chars) + len(packed) * math.log(growth) >= math.log(max_chars):
-            budget = max_chars
-        else:
-            budget = min(max_chars, int(first_max_chars * growth ** len(packed)))
+        budget = _budget(len(packed), first_max_chars, max_chars, growth)
         paragraph = text[end:offset].count("\n") >= 2 if start >= 0 else False
         if start >= 0 and not paragraph and offset + len(segment) - start <= budget:
             end = offset + len(segment)

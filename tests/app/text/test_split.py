@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import math
 import random
 import re
+from itertools import pairwise
 
 import pytest
 
@@ -296,6 +298,18 @@ def test_packing_grows_each_budget_up_to_the_engine_limit_at_sentence_ends() -> 
     assert all(join_kind(s) == "sentence" for s in packed[1:])
     starts = segment_offsets(TRAIN, packed)
     assert all(TRAIN[o : o + len(s)] == s for o, s in zip(starts, packed, strict=True))
+
+
+def test_infinite_growth_packs_every_segment_after_the_first_up_to_the_limit() -> None:
+    plain = split_text(TRAIN, max_chars=300, first_max_chars=30)
+    full = split_text(TRAIN, max_chars=300, first_max_chars=30, growth=math.inf)
+    assert full[0] == plain[0]
+    assert " ".join(full) == " ".join(plain)
+    # Each segment but the last is full: the next one's first sentence would not have fitted.
+    for segment, after in pairwise(full[1:]):
+        following = next(s for s in plain if after.startswith(s))
+        assert len(segment) <= 300 < len(segment) + 1 + len(following), (segment, following)
+    assert len(full) < len(split_text(TRAIN, max_chars=300, first_max_chars=30, growth=2))
 
 
 def test_packing_keeps_paragraph_breaks_as_boundaries() -> None:
