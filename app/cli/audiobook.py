@@ -30,7 +30,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from app.cli.local import FORMATS, Output, local_service
 from app.jobs.front import start_job
 from app.jobs.model import BOOK_FORMAT, FINISHED, Job
-from app.jobs.results import encoded, whole_chunks
+from app.jobs.results import encoded, whole_chunks, whole_rate
 from app.jobs.runner import JobRunner
 from app.protocols.schemas import JobRequest
 from app.settings import Settings
@@ -237,8 +237,8 @@ def _copy(source: Path, target: Path) -> None:
 def _encode_whole(runner: JobRunner, job: Job, fmt: str, target: Path) -> None:
     store = runner.store
     items = store.items(job.id)
-    rate = next((i.sample_rate for i in items if i.sample_rate), 24_000)
     with open(target, "wb") as out:
         for piece in encoded(whole_chunks(store, job.id, items,
-                                          runner.settings.chapter_pause_ms), fmt, rate):
+                                          runner.settings.chapter_pause_ms), fmt,
+                             whole_rate(items)):
             out.write(piece)

@@ -60,7 +60,7 @@ def keep_job(outputs: Outputs, store: Any, record: Any, pause_ms: int) -> None:
     """A finished job's result into the outputs directory: a book's whole audio, a batch's ZIP
     (the runner calls this in a thread, in the job's ZIP turn for a batch: `JobRunner._run`)."""
     from app.jobs.model import BOOK_FORMAT
-    from app.jobs.results import encoded, job_book, job_zip, whole_chunks
+    from app.jobs.results import encoded, job_book, job_zip, whole_chunks, whole_rate
 
     items = store.items(record.id)
     sidecar = {"route": "/v1/audio/jobs", "job_id": record.id, "kind": record.kind,
@@ -74,6 +74,5 @@ def keep_job(outputs: Outputs, store: Any, record: Any, pause_ms: int) -> None:
     if fmt == BOOK_FORMAT:
         outputs.write(record.id, fmt, job_book(store, record, pause_ms), sidecar)
         return
-    rate = next((i.sample_rate for i in items if i.sample_rate), 24_000)
     outputs.write(record.id, fmt, encoded(whole_chunks(store, record.id, items, pause_ms), fmt,
-                                          rate), sidecar)
+                                          whole_rate(items)), sidecar)

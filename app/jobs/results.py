@@ -70,13 +70,20 @@ def spoken(items: list[Item]) -> list[Item]:
     return [i for i in items if i.error is None]
 
 
+def whole_rate(items: list[Item]) -> int:
+    """The rate of a job's whole audio: its first spoken chapter's (the others are resampled)."""
+    return next((i.sample_rate for i in spoken(items) if i.sample_rate), PCM_RATE)
+
+
 def whole_chunks(store: Store, job_id: str, items: list[Item], pause_ms: int
                  ) -> Iterator[Audio]:
-    """Every item's audio in order, `pause_ms` of silence between two."""
+    """Every item's audio in order at `whole_rate(items)` (a chapter a model of another rate
+    spoke is resampled), `pause_ms` of silence between two."""
+    rate = whole_rate(items)
     for n, item in enumerate(spoken(items)):
-        if n and item.sample_rate:
-            yield np.zeros(round(item.sample_rate * pause_ms / 1000), dtype=np.float32)
-        yield from item_chunks(store, job_id, item)
+        if n:
+            yield np.zeros(round(rate * pause_ms / 1000), dtype=np.float32)
+        yield from resampled(item_chunks(store, job_id, item), item.sample_rate or rate, rate)
 
 
 def item_captions(store: Store, job_id: str, item: Item, fmt: CaptionFormat) -> str | None:
@@ -204,7 +211,7 @@ def job_book(store: Store, job: Job, pause_ms: int) -> Path:
     if path.exists():
         return path
     items = spoken(store.items(job.id))
-    rate = next((i.sample_rate for i in items if i.sample_rate), PCM_RATE)
+    rate = whole_rate(items)
     cover = store.file(job.id, COVER_NAME)
     chapters = [BookChapter(i.title, resampled(item_chunks(store, job.id, i),
                                                i.sample_rate or rate, rate)) for i in items]

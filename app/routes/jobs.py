@@ -38,6 +38,7 @@ from app.jobs.results import (
     item_chunks,
     item_ready,
     whole_chunks,
+    whole_rate,
     write_zip,
 )
 from app.jobs.runner import JobRunner
@@ -268,10 +269,6 @@ async def job_events(job_id: str, runner: RunnerDep, owner: OwnerDep) -> Streami
                              headers={"Cache-Control": "no-cache"})
 
 
-def _sample_rate(items: list[Item]) -> int:
-    return next((i.sample_rate for i in items if i.sample_rate and i.error is None), 24_000)
-
-
 def _streamed(chunks: Iterator[Any], fmt: str, rate: int) -> AsyncIterator[bytes]:
     async def body() -> AsyncIterator[bytes]:
         produced = encoded(chunks, fmt, rate)
@@ -306,7 +303,7 @@ async def job_audio(job_id: str, runner: RunnerDep, owner: OwnerDep) -> Response
         path = await runner.result_book(job)
         return FileResponse(path, media_type="audio/mp4", filename=f"{job.id}.m4b")
     items = await asyncio.to_thread(runner.store.items, job.id)
-    rate = _sample_rate(items)
+    rate = whole_rate(items)
     chunks = whole_chunks(runner.store, job.id, items, runner.settings.chapter_pause_ms)
     return StreamingResponse(_streamed(chunks, fmt, rate), media_type=_media(fmt, rate),
                              headers=_audio_headers(fmt, rate, job.id))

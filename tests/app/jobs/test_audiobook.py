@@ -160,3 +160,23 @@ def test_chapters_at_other_rates_are_resampled_to_the_books(espeak_server: LiveS
     expected = [sum(durations[:n]) + n * pause for n in range(3)]
     assert np.allclose(starts, expected, atol=0.05), (starts, expected)
     assert abs(seconds - (sum(durations) + 2 * pause)) < 0.2
+
+
+def test_a_whole_wav_of_chapters_at_other_rates_keeps_their_lengths(
+        espeak_server: LiveServer) -> None:
+    """Not only the M4B: a job's whole audio in any format carries every chapter at one rate
+    (the first's), each resampled to it; it used to be written at the first chapter's rate as
+    it was, the eSpeak NG chapter 8.8 % fast and high."""
+    with espeak_server.client() as client:
+        job = make_job(client, response_format="wav", model="tts-1", voice=None, items=[
+            {"input": "The first chapter, spoken by hibari.", "title": "One"},
+            {"input": "Утро наступило в тихом городе. Дети пошли в школу.", "title": "Two"}])
+        done = wait_job(client, str(job["id"]))
+        assert done["status"] == "done", done
+        whole = decode(client.get(f"/v1/audio/jobs/{job['id']}/audio").content, "wav")
+        second = decode(client.get(f"/v1/audio/jobs/{job['id']}/chapters/2/audio").content,
+                        "wav")
+    assert (whole.sample_rate, second.sample_rate) == (24000, 22050)
+    pause = espeak_server.app.state.settings.chapter_pause_ms / 1000
+    durations = [c["duration_s"] for c in done["chapters"]]
+    assert abs(whole.duration - (sum(durations) + pause)) < 0.03, (whole.duration, durations)
