@@ -1,7 +1,6 @@
 """Everything between a client and the routes, installed by one call.
 
-`install(app, settings)` gives an app VoxMux's keys and sessions, its error table, traces when
-asked (`app.serving.tracing`), the limits
+`install(app, settings)` gives an app VoxMux's keys and sessions, its error table, the limits
 on what a client may make it hold, the allowed hosts, the same-origin rule, security headers,
 optional CORS and an honest OpenAPI schema. Any app serving VoxMux's routes calls it (the
 single-process app in app.main; a scale-out ingress too). What happens below the app, in the HTTP
@@ -21,8 +20,6 @@ from app.http.hosts import HostGuard
 from app.http.limits import BodyLimitMiddleware, BodyTimeout, WebSocketSendTimeout
 from app.http.origin import OriginGuard
 from app.http.requestid import RequestIdMiddleware
-from app.http.tracing import TracingMiddleware
-from app.serving import tracing
 from app.settings import Settings
 
 EXPOSED_HEADERS = [
@@ -52,8 +49,6 @@ def install(app: FastAPI, settings: Settings) -> Authenticator:
     app.add_middleware(HostGuard, bind=settings.host, allowed=settings.allowed_hosts)
     app.add_middleware(ErrorDetail, paths=("/api/tts",))  # HayaKoe's clients read `detail`
     app.add_middleware(Http10Bodies)  # no chunked encoding for HTTP/1.0 clients
-    if tracing.setup(settings):  # the root span, inside the request id it carries
-        app.add_middleware(TracingMiddleware)
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(SecurityHeaders)
     if settings.cors_origins:

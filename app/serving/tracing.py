@@ -5,10 +5,10 @@ it installs an SDK tracer provider that batches spans to the OTLP/HTTP exporter,
 endpoint, headers and timeouts from the `OTEL_EXPORTER_OTLP_*` variables itself. When it is not,
 nothing is installed: every helper here returns before touching OpenTelemetry's context.
 
-Spans belong to requests. The HTTP edge opens a request's root span (`app.http.tracing`); the
-helpers here add children only inside a trace (a root span of this process, or the context
-another process sent: `carrier` on the ingress, `continued` on an engine replica), so a warm-up,
-a long-form job or a CLI run makes none.
+Spans belong to requests. FastAPI's own telemetry opens each HTTP request's or WebSocket
+session's root span (`app.main`); the helpers here add children only inside a trace (a root span
+of this process, or the context another process sent: `carrier` on the ingress, `continued` on
+an engine replica), so a warm-up, a long-form job or a CLI run makes none.
 """
 
 from __future__ import annotations
@@ -91,22 +91,13 @@ def use(provider: TracerProvider | None) -> None:
     _tracer = provider.get_tracer(NAME) if provider is not None else trace.NoOpTracer()
 
 
-def active() -> bool:
-    return _provider is not None
+def provider() -> TracerProvider | None:
+    """The provider this process traces to; None: it does not trace."""
+    return _provider
 
 
 def _traced() -> bool:
     return _provider is not None and trace.get_current_span().get_span_context().is_valid
-
-
-def root(name: str, carrier: Mapping[str, str], attributes: Attributes
-         ) -> AbstractContextManager[Span]:
-    """A request's root span, in the trace its caller sent (`traceparent`), if any."""
-    if _provider is None:
-        return nullcontext(INVALID_SPAN)
-    context = propagate.extract(carrier) if "traceparent" in carrier else None
-    return _tracer.start_as_current_span(name, context=context, kind=SpanKind.SERVER,
-                                         attributes=attributes)
 
 
 def span(name: str, attributes: Attributes = None) -> AbstractContextManager[Span]:
@@ -158,6 +149,7 @@ def continued(name: str, headers: Mapping[str, str], attributes: Attributes
               ) -> AbstractContextManager[Span]:
     """A span continuing the trace another process sent (`carrier`); nothing when it sent
     none or this process does not trace."""
-    if "traceparent" not in headers:
+    if _provider is None or "traceparent" not in headers:
         return nullcontext(INVALID_SPAN)
-    return root(name, headers, attributes)
+    return _tracer.start_as_current_span(name, context=propagate.extract(headers),
+                                         kind=SpanKind.SERVER, attributes=attributes)
