@@ -100,9 +100,9 @@ async def encode(encoder: StreamEncoder, chunk: Audio | None) -> bytes:
     """Codec and resampler work (LAME, Opus, AAC, FLAC, soxr) runs in a worker thread, off the
     event loop; raw formats at the input's rate are a copy and stay inline. `None` finishes the
     stream."""
+    if encoder.format in ("pcm", "wav") and not encoder.resampling:  # (a copy: no span)
+        return encoder.finish() if chunk is None else encoder.encode(chunk)
     with tracing.span("encode", {"voxmux.format": encoder.format}):
-        if encoder.format in ("pcm", "wav") and not encoder.resampling:
-            return encoder.finish() if chunk is None else encoder.encode(chunk)
         if chunk is None:
             return await asyncio.to_thread(encoder.finish)
         return await asyncio.to_thread(encoder.encode, chunk)

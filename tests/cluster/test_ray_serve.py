@@ -176,7 +176,7 @@ def test_one_trace_crosses_from_the_ingress_into_the_engine_replica(cluster: Dep
     rid = f"ray-trace-{random.randrange(10**9)}"
     with cluster.client() as http:
         response = http.post("/v1/audio/speech", headers={"X-Request-ID": rid}, json={
-            "model": "espeak", "voice": "en-us", "response_format": "wav",
+            "model": "espeak", "voice": "en-us", "response_format": "mp3",
             "input": unique("Traced through the cluster. The replica renders each sentence.")})
     assert response.status_code == 200 and response.headers["x-request-id"] == rid
 

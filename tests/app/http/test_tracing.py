@@ -81,11 +81,11 @@ def named(spans: list[ReadableSpan], name: str) -> list[ReadableSpan]:
 def test_a_streamed_request_is_one_tree_with_what_users_filter_on(traced: Traced) -> None:
     text = f"{TEXT} Number {uuid.uuid4().int % 1000}."  # nothing cached
     rid = request_id()
-    body = {"model": "espeak", "voice": "en-us", "input": text, "response_format": "wav"}
+    body = {"model": "espeak", "voice": "en-us", "input": text, "response_format": "flac"}
     response = traced.client.post("/v1/audio/speech", json=body, headers={"X-Request-ID": rid})
     assert response.status_code == 200, response.text
     assert response.headers["x-request-id"] == rid
-    audio = decode(response.content, "wav")
+    audio = decode(response.content, "flac")
     segments = int(response.headers["x-voxmux-segments"])
     assert segments >= 3
 
@@ -95,7 +95,7 @@ def test_a_streamed_request_is_one_tree_with_what_users_filter_on(traced: Traced
     assert attributes["http.route"] == "/v1/audio/speech"
     assert attributes["http.response.status_code"] == 200
     assert attributes["voxmux.model"] == "espeak" and attributes["voxmux.voice"] == "en-us"
-    assert attributes["voxmux.format"] == "wav"
+    assert attributes["voxmux.format"] == "flac"
     assert attributes["voxmux.characters"] == len(text)
     assert str(attributes["voxmux.client"]).startswith("addr:")
     assert attributes["voxmux.cache_hit"] is False
