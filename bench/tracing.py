@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -127,11 +128,13 @@ def measure(quick: bool) -> dict[str, Any]:
         for server in servers.values():
             batch(server, CONCURRENCY)  # warm: first calls, threads, connections
         runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+        load = [Path("/proc/loadavg").read_text().split()[0]]
         with timed_phase("rounds", phases):
             for index in range(rounds):
                 order = ("off", "on") if index % 2 == 0 else ("on", "off")
                 for mode in order:
                     runs[mode].append(batch(servers[mode], requests))
+        load.append(Path("/proc/loadavg").read_text().split()[0])
         time.sleep(6)  # the batch processor's 5 s schedule: the last spans leave
         received = spans[0]
     off, on = totals(runs["off"]), totals(runs["on"])
@@ -140,7 +143,7 @@ def measure(quick: bool) -> dict[str, Any]:
         "model": "espeak", "format": "wav", "off": off, "on": {**on, "spans_received": received},
         "throughput_change_pct": round((on["requests_per_s"] / off["requests_per_s"] - 1) * 100,
                                        1),
-        "phases": phases,
+        "phases": phases, "load_average": load,
     }
 
 
@@ -154,7 +157,8 @@ def summary(result: dict[str, Any]) -> str:
         "against a server with traces off and one exporting every span over OTLP/HTTP; the "
         "order alternates between rounds. Machine: "
         f"{result['machine']['cpus']} CPUs, {result['machine']['cpu_model']}; other work took "
-        f"{result['phases']['rounds']['other_work']['others']:.0%} of the machine meanwhile.",
+        f"{result['phases']['rounds']['other_work']['others']:.0%} of the machine meanwhile "
+        f"(1-minute load average {' then '.join(result['load_average'])}).",
         "",
         "| traces | requests/s | audio s/s | first audio p50 | server CPU per request "
         "| per round (req/s) |",
