@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
+from fastapi.telemetry import TelemetryConfig
 
 from app.http import edge
 from app.http.auth import require_synthesis
@@ -30,7 +31,7 @@ from app.routes import (
     studio,
     ws,
 )
-from app.serving import collector
+from app.serving import collector, tracing
 from app.serving.catalogue import Catalogue
 from app.serving.fleet import Fleet
 from app.serving.redis_watch import RedisWatch
@@ -143,7 +144,12 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
             if redis_watch is not None:
                 await redis_watch.close()
 
-    app = FastAPI(title="VoxMux", version="0.1.0", lifespan=lifespan)
+    # FastAPI's own root span per request (route, status, the caller's traceparent), with our
+    # provider; VoxMux's spans and attributes are added inside it (app.serving.tracing).
+    telemetry: TelemetryConfig = {
+        "tracing": tracing.setup(settings), "tracer_provider": tracing.provider(),
+        "metrics": False, "logs": False, "operation_spans": False, "auto_configure": False}
+    app = FastAPI(title="VoxMux", version="0.1.0", lifespan=lifespan, telemetry=telemetry)
     app.state.settings = settings
     app.state.service = service
     app.state.elevenlabs_voices = catalogue.elevenlabs_voices

@@ -54,6 +54,10 @@ class Settings(BaseSettings):
     log_dir: Path | None = None
     """When set, `voxmux serve` also writes its log to `<log_dir>/voxmux.log` (rotated at 10 MiB,
     five files kept); the docker images point it at the logs volume."""
+    otel: bool | None = None
+    """OpenTelemetry traces exported over OTLP/HTTP: true or false; unset: on when the standard
+    variables ask for them (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`,
+    or `OTEL_TRACES_EXPORTER` other than `none`), which also say where spans go."""
 
     config_dir: Path = CONFIG
     """Directory of `models.toml` and `profiles/`; default: the copy installed with VoxMux. Read

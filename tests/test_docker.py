@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from dotenv import dotenv_values
 
+from app.serving import tracing
 from app.settings import Settings, load_settings
 from tests.conftest import LiveServer
 
@@ -259,3 +261,20 @@ def test_healthcheck_command_fails_without_a_server() -> None:
     command = healthchecks("cpu")[0][2].replace(":8100/", f":{free_port()}/")
     done = subprocess.run([sys.executable, "-c", command], capture_output=True, timeout=30)
     assert done.returncode != 0
+
+
+def test_the_tracing_overlay_turns_traces_on_toward_its_collector() -> None:
+    """docker/tracing/compose.yaml, laid over a profile's file: VoxMux's environment turns
+    tracing on (as `app.serving.tracing` reads it) toward the collector the file adds, which
+    receives OTLP/HTTP on that port."""
+    overlay = yaml.safe_load((DOCKER / "tracing" / "compose.yaml").read_text())
+    voxmux = overlay["services"]["voxmux"]
+    env = {k: str(v) for k, v in voxmux["environment"].items()}
+    assert tracing.wanted(Settings(), env)
+    endpoint = httpx.URL(env["OTEL_EXPORTER_OTLP_ENDPOINT"])
+    collector = overlay["services"][endpoint.host]
+    assert endpoint.port == 4318 and endpoint.host in voxmux["depends_on"]
+    assert "receivers.otlp.protocols.http.endpoint=0.0.0.0:4318" in collector["command"]
+    assert any(str(p).endswith(":16686") for p in collector["ports"])  # the UI
+    for profile in PROFILES:  # every profile's file has the service the overlay extends
+        assert "voxmux" in compose(profile)["services"]

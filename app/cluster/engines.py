@@ -30,6 +30,7 @@ from ray import serve
 
 from app.cluster.messages import Failure, RenderRequest, Segment, Update
 from app.cluster.reports import REPORT_SECONDS, ReplicaGauges, live_replicas
+from app.serving import tracing
 from app.serving.catalogue import Catalogue
 from app.serving.fleet import ReplicaModel, ReplicaState
 from app.serving.render import LocalRenderer, Progress, RenderWork
@@ -82,6 +83,7 @@ class Engines:
 
         self.settings = settings
         self._models = models
+        tracing.setup(settings)  # from this process's environment, as the ingress's
         # Residency is Serve's multiplex LRU: no bound and no idle TTL of the registry's own.
         granted = ray.get_runtime_context().get_assigned_resources
         cpus = granted().get("CPU", 0.0)  # type: ignore[no-untyped-call]
@@ -224,13 +226,17 @@ class Engines:
                           timings=request.timings, client=request.client, progress=progress,
                           abandon=abandon)
         try:
-            async with self.renderer.session(work) as session:
-                self._served[request.model_id] += 1
-                self._touch()
-                for text in request.segments:
-                    rendered = await session.render(text)
-                    self._rendered[request.model_id] += 1
-                    items.put_nowait(Segment.of(rendered.chunks, self.replica, rendered.words))
+            with tracing.continued("replica render", request.trace, {
+                    "voxmux.replica": self.replica, "voxmux.model": request.model_id,
+                    "voxmux.segments": len(request.segments)}):
+                async with self.renderer.session(work) as session:
+                    self._served[request.model_id] += 1
+                    self._touch()
+                    for text in request.segments:
+                        rendered = await session.render(text)
+                        self._rendered[request.model_id] += 1
+                        items.put_nowait(Segment.of(rendered.chunks, self.replica,
+                                                    rendered.words))
         except VoxMuxError as exc:
             if not failed:
                 items.put_nowait(Failure(exc))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,6 +30,9 @@ class RenderRequest:
     caller: str = ""
     """The ingress replica that sent it (`<deployment>#<replica id>`; empty for a caller that is
     not a Serve replica): if it dies, the engine replica stops the work it asked for."""
+    trace: dict[str, str] = field(default_factory=dict)
+    """The request's trace (W3C `traceparent`), continued by the replica's spans; empty when
+    the ingress does not trace."""
 
 
 @dataclass(frozen=True)

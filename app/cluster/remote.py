@@ -31,6 +31,7 @@ from ray.serve.exceptions import BackPressureError
 from app.cluster.cancels import Cancels
 from app.cluster.messages import Failure, RenderRequest, Segment, Update
 from app.cluster.reports import REPORT_SECONDS, live_replicas, read_replicas
+from app.serving import tracing
 from app.serving.fleet import DeploymentStatus, ReplicaState
 from app.serving.render import Rendered, RenderSession, RenderWork
 from engines.base import EngineLost, Overloaded, RequestTimeout, SynthesisFailed
@@ -83,7 +84,7 @@ class RayRenderer:
     def call(self, work: RenderWork, segments: tuple[str, ...]) -> Any:
         request = RenderRequest(work.ticket, work.model_id, work.voice, work.native_speed,
                                 work.stretch, work.language, segments, work.timings, work.client,
-                                self.caller)
+                                self.caller, tracing.carrier())
         handle = self._placed.get(work.model_id, self._engines)
         options = handle.options(multiplexed_model_id=work.model_id, stream=True)
         return options.render.remote(request)

@@ -11,6 +11,7 @@ from fastapi import Depends, Request
 from starlette.requests import HTTPConnection
 
 from app.http.clients import client_id
+from app.serving import tracing
 from app.serving.service import SpeechService
 from app.settings import Settings
 
@@ -33,7 +34,9 @@ ServiceDep = Annotated[SpeechService, Depends(_service)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
 RequestIdDep = Annotated[str, Depends(request_id)]
 async def _client(request: HTTPConnection) -> str:
-    return client_id(request)
+    client = client_id(request)
+    tracing.current().set_attribute("voxmux.client", client)
+    return client
 
 
 ClientDep = Annotated[str, Depends(_client)]

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.jobs.model import DiskFull, JobNotFound, JobNotReady, StoreUnavailable
 from app.protocols.schemas import ErrorInfo, ErrorResponse
+from app.serving import tracing
 from app.serving.lexicons import LexiconNotFound
 from app.text.feed import TextBacklogFull
 from engines.base import (
@@ -243,6 +244,7 @@ def describe_validation_error(error: dict[str, Any]) -> tuple[str | None, str]:
 async def _on_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
     first = exc.errors()[0] if exc.errors() else {}
     param, message = describe_validation_error(first)
+    tracing.failed(InvalidParameter(message, param=param))
     return _plain(400, message, param=param, code=first.get("type"))
 
 
@@ -258,6 +260,7 @@ def shape_errors(app: FastAPI, prefixes: tuple[str, ...], respond: Shape) -> Non
 def shaped_response(scope: Any, exc: BaseException) -> JSONResponse:
     """The error answer for a request to `scope`'s path: another protocol's shape under its
     prefixes (`shape_errors`), else OpenAI's."""
+    tracing.failed(exc)
     state = getattr(scope.get("app"), "state", None)
     for prefixes, respond in getattr(state, "error_shapes", ()):
         if scope["path"].startswith(prefixes):

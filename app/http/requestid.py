@@ -1,4 +1,5 @@
-"""`X-Request-ID` on every HTTP response: the client's own when well-formed, else a new one."""
+"""`X-Request-ID` on every HTTP response: the client's own when well-formed, else a new one; also
+on the request's root span when this process traces."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import uuid
 
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.serving import tracing
 
 HEADER = "x-request-id"
 _VALID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{5,63}$")
@@ -29,6 +32,7 @@ class RequestIdMiddleware:
         supplied = dict(scope["headers"]).get(HEADER.encode(), b"").decode("latin-1")
         request_id = pick_request_id(supplied)
         scope.setdefault("state", {})["request_id"] = request_id
+        tracing.current().set_attribute("voxmux.request_id", request_id)
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":

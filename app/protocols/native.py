@@ -15,7 +15,8 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from app.audio.encoders import StreamEncoder, content_type, encode_whole, output_rate
-from app.protocols.openai import job_headers
+from app.protocols.openai import encode, job_headers
+from app.serving import tracing
 from app.serving.events import SegmentWords
 from app.serving.job import SpeechJob
 from engines.base import Audio, InvalidParameter, WordTiming
@@ -66,7 +67,7 @@ async def whole_encoded(job: SpeechJob, encoder: StreamEncoder, request: Request
         try:
             async for event in job.events():
                 if isinstance(event, np.ndarray):
-                    pieces.append(await asyncio.to_thread(encoder.encode, event))
+                    pieces.append(await encode(encoder, event))
                 elif isinstance(event, SegmentWords):
                     words += event.words
         finally:
@@ -75,7 +76,7 @@ async def whole_encoded(job: SpeechJob, encoder: StreamEncoder, request: Request
     if not any(pieces):
         raise InvalidParameter("The input has nothing speakable in it", param="input",
                                code="empty_audio")
-    pieces.append(await asyncio.to_thread(encoder.finish))
+    pieces.append(await encode(encoder, None))
     return pieces, words
 
 
@@ -86,7 +87,9 @@ def compact(value: object) -> str:
 async def clip_response(job: SpeechJob, audio: Audio, fmt: str) -> Response:
     """The encoded clip with the job's headers and its stats in `X-VoxMux-Stats`."""
     # A whole clip through LAME or Opus takes long enough to stall every other stream.
-    body = await asyncio.to_thread(encode_whole, audio, job.sample_rate, fmt)
+    tracing.current().set_attribute("voxmux.format", fmt)
+    with tracing.span("encode", {"voxmux.format": fmt}):
+        body = await asyncio.to_thread(encode_whole, audio, job.sample_rate, fmt)
     rate = output_rate(fmt, job.sample_rate)
     headers = job_headers(job, rate)
     assert job.stats is not None

@@ -29,6 +29,7 @@ from starlette.types import Receive, Scope, Send
 from app.audio.encoders import StreamEncoder, content_type
 from app.http.errors import as_voxmux, error_body, error_response
 from app.protocols.timestamps import word_json
+from app.serving import tracing
 from app.serving.events import JobEvent, SegmentWords
 from app.serving.job import SpeechJob
 from engines.base import Audio, InvalidParameter
@@ -99,11 +100,12 @@ async def encode(encoder: StreamEncoder, chunk: Audio | None) -> bytes:
     """Codec and resampler work (LAME, Opus, AAC, FLAC, soxr) runs in a worker thread, off the
     event loop; raw formats at the input's rate are a copy and stay inline. `None` finishes the
     stream."""
-    if encoder.format in ("pcm", "wav") and not encoder.resampling:
+    if encoder.format in ("pcm", "wav") and not encoder.resampling:  # (a copy: no span)
         return encoder.finish() if chunk is None else encoder.encode(chunk)
-    if chunk is None:
-        return await asyncio.to_thread(encoder.finish)
-    return await asyncio.to_thread(encoder.encode, chunk)
+    with tracing.span("encode", {"voxmux.format": encoder.format}):
+        if chunk is None:
+            return await asyncio.to_thread(encoder.finish)
+        return await asyncio.to_thread(encoder.encode, chunk)
 
 
 async def _watch_disconnect(receive: Receive, job: SpeechJob) -> None:
@@ -136,6 +138,7 @@ class JobResponse(Response):
         outputs directory)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        tracing.current().set_attribute("voxmux.format", self._encoder.format)
         async with self.job:
             watcher = asyncio.create_task(_watch_disconnect(receive, self.job))
             try:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from app.serving import tracing
 from app.serving.assembly import Assembly, Joined
 from app.serving.budgets import AudioBudget
 from app.serving.cache import AudioCache
@@ -131,6 +132,8 @@ class SpeechJob:
         self._ended = False
         self._budget = (AudioBudget(plan.audio_limit, plan.sample_rate)
                         if plan.audio_limit is not None else None)
+        self._span = tracing.current()
+        """The request's span (its root span), which the job describes."""
 
     @property
     def ticket(self) -> str:
@@ -164,6 +167,8 @@ class SpeechJob:
             return
         if self.record is not None:
             self._context.started(self)
+        if self._span.is_recording():
+            self._span.set_attributes(self.plan.traced())
         self.meter.begin()
         self._task = asyncio.create_task(self._produce(), name=f"speech-{self.ticket}")
         self._task.add_done_callback(self._on_done)
@@ -234,6 +239,10 @@ class SpeechJob:
             return
         self._ended = True
         self.stats = self.meter.stats(outcome, failure, self.segments)
+        if self._span.is_recording():
+            self._span.set_attributes(_measured(self.stats))
+            if failure is not None and outcome != "cancelled":
+                tracing.failed(failure, self._span)
         if self.record is not None:
             self._context.finished(self)
         if self._reported is None:
@@ -344,6 +353,17 @@ class SpeechJob:
             abandon=self._report, rendered=self.meter.sample_memory,
             background=plan.background, admitted=admitted,
         )
+
+
+def _measured(stats: RequestStats) -> dict[str, str | int | float | bool]:
+    measured: dict[str, str | int | float | bool] = {
+        "voxmux.outcome": stats.outcome, "voxmux.segments": stats.segments,
+        "voxmux.audio_seconds": stats.audio_duration_ms / 1000}
+    if stats.cache != "off":
+        measured["voxmux.cache_hit"] = stats.cache == "hit"
+    if stats.ttfb_ms is not None:
+        measured["voxmux.first_audio_ms"] = stats.ttfb_ms
+    return measured
 
 
 def _outcome(exc: BaseException) -> tuple[Outcome, VoxMuxError]:

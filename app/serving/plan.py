@@ -152,6 +152,12 @@ class SpeechPlan:
     def streamed(self) -> bool:
         return isinstance(self.text, TextFeed)
 
+    def traced(self) -> dict[str, str | int]:
+        """What a trace shows of the request (`app.serving.tracing`)."""
+        return {"voxmux.model": self.model_id, "voxmux.voice": self.voice,
+                "voxmux.characters": len(self.source), "voxmux.segments": len(self.segments),
+                "voxmux.client": self.client}
+
 
 Speakers = Callable[[SpeechPlan, str, str, "str | None"], Speaker]
 """Makes the speaker of a stored segment: (plan, model, voice, language) -> `Speaker`."""

@@ -26,6 +26,7 @@ from typing import Literal, Protocol
 import numpy as np
 
 from app.audio import dsp
+from app.serving import tracing
 from app.serving.scheduler import Lane
 from engines.base import (
     Audio,
@@ -201,7 +202,14 @@ class _LocalSession:
             work.progress("running")
             remaining = max(0.001, deadline - loop.time())
             call = functools.partial(render_segment, engine, text, work)
-            return await turn.call(call, work.cancel, remaining, abandon=work.abandon)
+            with tracing.span("segment", {"voxmux.model": work.model_id,
+                                          "voxmux.voice": work.voice,
+                                          "voxmux.characters": len(text)}) as span:
+                rendered = await turn.call(call, work.cancel, remaining, abandon=work.abandon)
+                if span.is_recording():
+                    samples = sum(len(chunk) for chunk in rendered.chunks)
+                    span.set_attribute("voxmux.audio_seconds", samples / engine.sample_rate)
+                return rendered
 
     async def _hold(self) -> Engine:
         """The request's place and the model's lease, taken unless held already."""

@@ -34,6 +34,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from app.serving import tracing
 from engines.base import CancelToken, Overloaded, RequestTimeout
 
 T = TypeVar("T")
@@ -247,13 +248,14 @@ class Lane:
                    background: bool = False) -> AsyncIterator[Turn]:
         """Hold one of the `concurrency` turns; waits its client's turn, at most `timeout` s.
         A `background` turn waits until no other request waits."""
-        idle = not self._round and not (background and self._background)
-        if self._turns < self.concurrency and idle:
-            self._turns += 1
-            self._round.serve(client)
-        else:
-            waiter = _Waiter(ticket, client, asyncio.get_running_loop().create_future())
-            await self._wait(waiter, timeout, background)
+        with tracing.span("lane wait", {"voxmux.model": self.model_id}):
+            idle = not self._round and not (background and self._background)
+            if self._turns < self.concurrency and idle:
+                self._turns += 1
+                self._round.serve(client)
+            else:
+                waiter = _Waiter(ticket, client, asyncio.get_running_loop().create_future())
+                await self._wait(waiter, timeout, background)
         if ticket in self._places:
             self._places[ticket].started = True
         turn = Turn(self)

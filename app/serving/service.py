@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, TypeVar
 
-from app.serving import collector
+from app.serving import collector, tracing
 from app.serving.budgets import (
     AudioLimit,
     OverBudget,
@@ -214,6 +214,7 @@ class SpeechService:
 
     # -- planning ----------------------------------------------------------------------------
 
+    @tracing.traced("plan", SpeechPlan.traced)
     async def plan(self, *, model: str, text: str, voice: str | None = None, speed: float = 1.0,
                    language: str | None = None, instructions: str | None = None,
                    request_id: str | None = None, internal: bool = False,

@@ -5,6 +5,8 @@ sharing a Redis cache, two engine replicas holding one model each, one request a
 replica plus one queued (so overload is easy to reach). The later tests redeploy once with one
 engine replica rendering two requests and taking eight (many streams from both ingress
 replicas, an eviction meeting a stream, killed replicas), the last one with autoscaling.
+Every replica traces to an OTLP receiver in the test, which shows one trace crossing from the
+ingress into the engine replica.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import random
 import re
 import threading
@@ -38,6 +41,7 @@ from tests.cluster.conftest import (
 )
 from tests.conftest import decode
 from tests.hearing import hear, word_error_rate
+from tests.otlp import Receiver, receiver
 from tests.redisserver import redis_server
 
 SENTENCES = [
@@ -64,6 +68,7 @@ def unique(text: str) -> str:
 class Deployed:
     url: str
     settings: Settings
+    traces: Receiver
     current: Settings | None = None
     """What runs now, when a test redeployed."""
 
@@ -82,7 +87,11 @@ class Deployed:
 @pytest.fixture(scope="module")
 def cluster(ray_available: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
     tmp = tmp_path_factory.mktemp("ray")
-    with redis_server(tmp / "redis") as redis_url:
+    with redis_server(tmp / "redis") as redis_url, receiver() as traces:
+        # Ray's processes inherit this environment: every replica sets up its own exporter.
+        tracing_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": traces.endpoint,
+                       "OTEL_BSP_SCHEDULE_DELAY": "200"}
+        os.environ.update(tracing_env)
         # A replica takes no more than it renders here (`ray_engine_ongoing` 1), so a second
         # request goes to the other replica and overload is easy to reach; NARROW, below,
         # takes the default (what one process admits).
@@ -93,9 +102,11 @@ def cluster(ray_available: None, tmp_path_factory: pytest.TempPathFactory) -> It
         try:
             url = launch.deploy(settings)
             wait_healthy(url, replicas=2)
-            yield Deployed(url, settings)
+            yield Deployed(url, settings, traces)
         finally:
             launch.stop(local=True)
+            for name in tracing_env:
+                os.environ.pop(name, None)
 
 
 def speech(deployed: Deployed, model: str, text: str, fmt: str = "wav") -> httpx.Response:
@@ -159,6 +170,36 @@ def test_openai_sdk_speech_on_piper_and_espeak(cluster: Deployed) -> None:
         assert response.response.headers["x-voxmux-replica"]
         heard = hear(audio.samples, audio.sample_rate).text
         assert word_error_rate(text, heard) < 0.4, heard
+
+
+def test_one_trace_crosses_from_the_ingress_into_the_engine_replica(cluster: Deployed) -> None:
+    rid = f"ray-trace-{random.randrange(10**9)}"
+    with cluster.client() as http:
+        response = http.post("/v1/audio/speech", headers={"X-Request-ID": rid}, json={
+            "model": "espeak", "voice": "en-us", "response_format": "mp3",
+            "input": unique("Traced through the cluster. The replica renders each sentence.")})
+    assert response.status_code == 200 and response.headers["x-request-id"] == rid
+
+    def crossed(spans: list[Any]) -> bool:
+        roots = [s for s in spans if s.attributes.get("voxmux.request_id") == rid]
+        return bool(roots) and any(s.name == "replica render" and s.trace_id == roots[0].trace_id
+                                   for s in spans)
+
+    spans = cluster.traces.wait(crossed, timeout=60)
+    (root,) = [s for s in spans if s.attributes.get("voxmux.request_id") == rid]
+    trace = [s for s in spans if s.trace_id == root.trace_id]
+    (render,) = [s for s in trace if s.name == "replica render"]
+    assert render.parent_id == root.span_id  # the ingress's request span
+    assert render.resource["process.pid"] != root.resource["process.pid"]
+    assert render.attributes["voxmux.replica"] and render.attributes["voxmux.model"] == "espeak"
+    engine_side = [s for s in trace if s.resource["process.pid"] == render.resource["process.pid"]]
+    segments = [s for s in engine_side if s.name == "segment"]
+    assert len(segments) == int(response.headers["x-voxmux-segments"]) >= 2
+    assert all(s.parent_id == render.span_id for s in segments)
+    assert {"plan", "encode"} <= {s.name for s in trace
+                                  if s.resource["process.pid"] == root.resource["process.pid"]}
+    assert root.attributes["voxmux.model"] == "espeak"
+    assert root.attributes["voxmux.audio_seconds"] > 1
 
 
 def test_streaming_reaches_the_client_before_the_whole_audio(cluster: Deployed) -> None:
