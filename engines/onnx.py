@@ -290,8 +290,9 @@ def open_pool(model: Path | bytes, options: RuntimeOptions, instances: int | Non
     used memory while each opened is its VRAM (the mean over the sessions).
 
     Each session reads the graph on its own. Sharing the weights between them (onnxruntime's
-    `add_initializer`) measured worse for two instances and barely better for four on CPU, and
-    does not reach the copy CUDA makes on the card (bench/results/instances.md)."""
+    `add_initializer`) measured worse for two instances and barely better for four on CPU (each
+    session still packs its own copy for its matrix kernels), and does not reach the copy CUDA
+    makes on the card (bench/results/instances.md)."""
     count = max(1, options.instances if instances is None else instances)
     device = int(options.provider_options.get(CUDA, {}).get("device_id", 0))
     sessions, grown = [], []
