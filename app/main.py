@@ -53,8 +53,9 @@ def build_registry(settings: Settings, catalogue: Catalogue, runtime: RuntimeOpt
     """One handle per catalogue model: the engine class its entry names (`engines.plugin`),
     built from the settings, and its lane."""
     def handle(entry: ModelEntry) -> ModelHandle[Lane]:
+        own = runtime.for_model(settings.providers_for(entry.id), settings.instances_for(entry.id))
         try:
-            engine = build_engine(entry.engine, settings, runtime)
+            engine = build_engine(entry.engine, settings, own)
         except UnknownEngine as exc:
             raise ValueError(f"catalogue: model {entry.id}: {exc}") from exc
         turns = lane_concurrency(settings.concurrency, engine.capabilities, usable_cores(),
@@ -105,7 +106,9 @@ def create_app(settings: Settings | None = None, *, renderer: Renderer | None = 
     catalogue = Catalogue.load(settings.catalogue_path)
     runtime = runtime_options(settings)
     if renderer is None:  # a missing CUDA shows in /health before the first model loads
-        check_providers(runtime)  # (on a cluster the engine replicas run onnxruntime, not here)
+        # (on a cluster the engine replicas run onnxruntime, not here)
+        for providers in {tuple(settings.providers_for(m)) for m in catalogue.models}:
+            check_providers(runtime.for_model(providers))
     registry = build_registry(settings, catalogue, runtime)
     service = SpeechService(settings, registry, renderer=renderer, fleet=fleet,
                             languages=catalogue.languages)

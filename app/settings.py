@@ -112,6 +112,19 @@ class Settings(BaseSettings):
     model that batches runs at least this many engine calls at once."""
     engine_batch_wait_ms: float = Field(5, ge=0, le=1000)
     """Milliseconds a segment waits for others to join its run when `engine_batch` > 1."""
+    model_providers: dict[str, str] = {}
+    """Per-model providers (comma list) in place of `providers`, e.g.
+    `VOXMUX_MODEL_PROVIDERS__PIPER=CPUExecutionProvider`: each model on the provider that is
+    faster for it (Piper's small graph runs faster on a few CPU cores than on CUDA,
+    bench/results/gpu.md)."""
+    instances: int = Field(1, ge=1, le=16)
+    """Sessions of a model's graph that run requests at once (Kokoro, Piper): on a GPU each has
+    its own CUDA stream, so short inferences of several requests overlap on the card, each
+    session holding its own copy of the weights in VRAM (`/health` says how much). The model's
+    lane then runs at least this many engine calls at once (`concurrency`). On a CPU one session
+    already spreads over every core: more only cost memory (bench/results/instances.md)."""
+    model_instances: dict[str, Annotated[int, Field(ge=1, le=16)]] = {}
+    """Per-model `instances`, e.g. `VOXMUX_MODEL_INSTANCES__KOKORO=2`."""
     cuda_options: dict[str, str] = {}
     """CUDAExecutionProvider options, e.g. `VOXMUX_CUDA_OPTIONS__DEVICE_ID=1`,
     `VOXMUX_CUDA_OPTIONS__GPU_MEM_LIMIT=2147483648` (names as onnxruntime documents them)."""
@@ -393,6 +406,14 @@ class Settings(BaseSettings):
                 raise ValueError(f"{origin!r} is not an origin like https://app.example:8443")
         return origins
 
+    @field_validator("model_providers")
+    @classmethod
+    def _model_providers(cls, value: dict[str, str]) -> dict[str, str]:
+        for model_id, providers in value.items():
+            if not _split_csv(providers):
+                raise ValueError(f"model {model_id!r}: name at least one provider")
+        return value
+
     @field_validator("allowed_hosts")
     @classmethod
     def _hosts(cls, value: list[str]) -> list[str]:
@@ -425,6 +446,13 @@ class Settings(BaseSettings):
 
     def ttl_for(self, model_id: str) -> float:
         return self.model_ttl.get(model_id, self.idle_ttl)
+
+    def providers_for(self, model_id: str) -> list[str]:
+        own = self.model_providers.get(model_id)
+        return _split_csv(own) if own is not None else list(self.providers)
+
+    def instances_for(self, model_id: str) -> int:
+        return self.model_instances.get(model_id, self.instances)
 
 
 def profiles_dir() -> Path:

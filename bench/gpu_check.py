@@ -5,6 +5,9 @@ each graph precision under concurrent requests.
                               [--runs N] [--json] [--out DIR] [--allow-fallback]
                               [--precisions int8,fp32,fp16|none] [--concurrency 1,4,8,16]
                               [--rounds N] [--text-lang auto|ja|en] [--piper-batch 1,8|none]
+                              [--instances 1,2,4|none] [--sweep-concurrency 1,4,8,16,32]
+                              [--sweep-targets kokoro@CUDA,piper@CPU,piper@CUDA]
+                              [--sweep-requests N] [--sweep-budget S]
 
 Per model: load seconds, the providers its sessions really run on, the first (cold) synthesis,
 the RTF of the best of a few warm ones, and VRAM through NVML (this process and the whole device,
@@ -12,7 +15,11 @@ peak while it ran). Any fallback from CUDA to CPU is printed with its reason. Th
 among the models, `bench/gpu_sweep.py` measures each precision: build and load seconds, first
 audio, RTF at each concurrency level, VRAM (`--precisions none` skips it). When Piper is among
 them, `gpu_sweep.piper_batching` measures batching off and on (`VOXMUX_ENGINE_BATCH`, one value
-per `--piper-batch` entry) at the same concurrency levels.
+per `--piper-batch` entry) at the same concurrency levels. Last, the instances sweep
+(`gpu_sweep.instances_sweep`): each `--sweep-targets` model on its provider (Kokoro at the
+profile's graph precision) with each `--instances` count of sessions (`VOXMUX_INSTANCES`) under
+each `--sweep-concurrency` level of concurrent requests, each request a short first segment and a
+longer one; it stops where `--sweep-budget` seconds run out and names the cells it left out.
 
 Output (`--json` prints it, `--out DIR` writes it as `DIR/gpu_check.json`, with the tables as
 `DIR/gpu_check.md`; commit them as `bench/results/gpu.json` and `gpu.md`):
@@ -25,7 +32,14 @@ Output (`--json` prints it, `--out DIR` writes it as `DIR/gpu_check.json`, with 
                                       request_rtf_mean, request_rtf_max}, ...],
                             vram_process_mib, vram_device_delta_mib, error}, ...],
      "piper_batching": [{batch, providers, levels: [...as above], mean_run, error}, ...],
-     "settings": {precisions, concurrency, rounds, piper_batch}}
+     "cells": [{model, instances, concurrency, x_realtime, first_audio_s, first_audio_p95_s,
+                provider, providers, requests, wall_s, audio_s, vram_per_instance_mib,
+                vram_process_mib}, ...],
+     "cells_left_out": [note, ...],
+     "settings": {precisions, concurrency, rounds, piper_batch, instances, sweep_concurrency,
+                  sweep_targets, sweep_requests}}
+A cell: `x_realtime` is the aggregate audio seconds per wall second of its requests,
+`first_audio_s` and `first_audio_p95_s` the p50 and p95 of request start to first audio.
 Exit status: 0 all well, 1 an ONNX engine asked for CUDA but runs on CPU (0 with
 --allow-fallback), 2 a model or a precision failed. `bench/gpu_check.sh` wraps it with an install
 step and a time limit.
@@ -83,6 +97,9 @@ CJK_READERS = ("pyopenjtalk", "jieba")
 """What Kokoro's load needs beyond the ONNX weights: the Japanese reader (pyopenjtalk-plus, in
 its helper process) and jieba's dictionary; about 180 MB installed, none of it on the GPU."""
 WARM_RUNS = 3
+PROVIDER_NAMES = {"CUDA": CUDA, "CPU": "CPUExecutionProvider"}
+SWEEP_MARGIN_S = 60
+"""No sweep cell starts this close to `GPU_CHECK_END`: the results are written before the kill."""
 SAMPLE_EVERY = 0.02
 
 
@@ -186,7 +203,8 @@ def _mib(value: int | None) -> float | None:
 def check_model(entry: ModelEntry, settings: Settings, out: Path | None,
                 runs: int = WARM_RUNS, texts: dict[str, str] = TEXTS) -> Result:
     result = Result(model=entry.id, engine=entry.engine)
-    runtime = runtime_options(settings)
+    runtime = runtime_options(settings).for_model(settings.providers_for(entry.id),
+                                                  settings.instances_for(entry.id))
     request = SynthesisRequest(text=texts["default"], voice=entry.default_voice)
     try:
         engine = build_engine(entry.engine, settings, runtime)
@@ -306,6 +324,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="requests each thread makes per sweep level")
     parser.add_argument("--piper-batch", default="1,8",
                         help="Piper batch sizes to compare (comma list; 1 is off), or none")
+    parser.add_argument("--instances", default="1,2,4",
+                        help="session counts of the instances sweep (comma list), or none")
+    parser.add_argument("--sweep-concurrency", type=_ints, default=[1, 4, 8, 16, 32],
+                        help="concurrent requests per cell of the instances sweep")
+    parser.add_argument("--sweep-targets", default="kokoro@CUDA,piper@CPU,piper@CUDA",
+                        help="model@CUDA or model@CPU, comma list")
+    parser.add_argument("--sweep-requests", type=int, default=0,
+                        help="requests per cell (0: the concurrency, at least 4)")
+    parser.add_argument("--sweep-budget", type=float, default=0,
+                        help="seconds the instances sweep may take (0: no limit)")
     parser.add_argument("--text-lang", choices=("auto", "ja", "en"), default="auto",
                         help="Kokoro's text: Japanese, or English through eSpeak NG; auto: "
                              "Japanese when pyopenjtalk-plus and jieba are installed")
@@ -350,20 +378,40 @@ def main(argv: list[str] | None = None) -> int:
                 == SHORT_NAMES["piper"] for m in wanted)
     batched = (gpu_sweep.piper_batching(settings, batches, args.concurrency, args.rounds)
                if piper and batches else [])
+    counts = [] if args.instances == "none" else _ints(args.instances)
+    targets = [gpu_sweep.SweepTarget(model, PROVIDER_NAMES[where])
+               for model, _, where in (t.partition("@") for t in args.sweep_targets.split(","))
+               if model in wanted]
+    deadline = time.monotonic() + args.sweep_budget if args.sweep_budget else None
+    if end := os.environ.get("GPU_CHECK_END"):  # gpu_check.sh's time limit, less a cell's time
+        until = time.monotonic() + float(end) - time.time() - SWEEP_MARGIN_S
+        deadline = min(deadline, until) if deadline is not None else until
+    cells, left_out = (gpu_sweep.instances_sweep(settings, targets, counts,
+                                                 args.sweep_concurrency, args.sweep_requests,
+                                                 deadline, vram=VramSampler)
+                       if counts and targets else ([], []))
     payload = {"environment": env, "results": [asdict(r) for r in results],
                "kokoro_precisions": [asdict(r) for r in swept],
                "piper_batching": [asdict(r) for r in batched],
+               "cells": [asdict(c) for c in cells], "cells_left_out": left_out,
                "settings": {"precisions": precisions if kokoro else [],
                             "concurrency": args.concurrency, "rounds": args.rounds,
-                            "piper_batch": batches}}
+                            "piper_batch": batches, "instances": counts,
+                            "sweep_concurrency": args.sweep_concurrency,
+                            "sweep_targets": [asdict(t) for t in targets],
+                            "sweep_requests": args.sweep_requests}}
+    sweep_table = gpu_sweep.cells_markdown(cells) if cells else ""
+    sweep_table += "".join(f"\nLEFT OUT {note}" for note in left_out)
     table = (render(env, results) + ("\n\n" + gpu_sweep.render(swept) if swept else "")
-             + ("\n\n" + gpu_sweep.batch_markdown(batched) if batched else ""))
+             + ("\n\n" + gpu_sweep.batch_markdown(batched) if batched else "")
+             + ("\n\n" + sweep_table if sweep_table else ""))
     print(json.dumps(payload, indent=2) if args.json else table)
     if args.out:
         (args.out / "gpu_check.json").write_text(json.dumps(payload, indent=2) + "\n")
         (args.out / "gpu_check.md").write_text(
             f"```\n{table}\n```\n" + ("\n" + gpu_sweep.markdown(swept) + "\n" if swept else "")
-            + ("\n" + gpu_sweep.batch_markdown(batched) + "\n" if batched else ""))
+            + ("\n" + gpu_sweep.batch_markdown(batched) + "\n" if batched else "")
+            + ("\n" + sweep_table + "\n" if sweep_table else ""))
     if any(r.error for r in [*results, *swept, *batched]):
         return 2
     swept_on_cpu = any(CUDA not in r.providers and any(CUDA in n for n in r.fallbacks)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# GPU check in under five minutes, install included: synthesize with every engine in-process on the
-# profile's providers (CUDA first) and print the providers in use, RTF and VRAM (bench/gpu_check.py).
+# GPU check in under eight minutes, install included: synthesize with every engine in-process on the
+# profile's providers (CUDA first) and print the providers in use, RTF and VRAM, then the instances
+# sweep: Kokoro and Piper with 1/2/4 sessions (VOXMUX_INSTANCES) under 1-32 concurrent requests,
+# throughput and first audio p50/p95 per cell (bench/gpu_check.py).
 #
 #   bench/gpu_check.sh                               # gpu profile; see "Python" below
 #   bench/gpu_check.sh --profile legacy-gpu          # with ORT_GPU='onnxruntime-gpu==1.18.1 numpy<2'
@@ -10,7 +12,9 @@
 # has CUDAExecutionProvider (a docker/gpu container, a venv you prepared); else a venv in
 # var/gpu-venv with VoxMux and the `gpu` extra (onnxruntime swapped for onnxruntime-gpu), made once
 # and reused. ORT_GPU='<pip requirements>' installs those instead, into a venv of its own. Exit status: gpu_check.py's (0 ok, 1 CUDA fell back to CPU, 2 a model failed),
-# 124 when the time budget (GPU_CHECK_BUDGET seconds, default 290) ran out.
+# 124 when the time budget (GPU_CHECK_BUDGET seconds, default 470) ran out. The instances sweep, which
+# runs last, starts no cell within 60 s of the budget's end (GPU_CHECK_END, set here), so the results
+# are written even when it has to leave cells out (listed as `cells_left_out`).
 #
 # Offline, on a machine without network whose Python already has numpy, onnx, jinja2 and the CUDA
 # libraries as nvidia-* wheels (a PyTorch install): WHEELHOUSE=DIR installs every wheel in DIR with
@@ -23,10 +27,14 @@
 # from bench/gpu_bundle.py (slimmed onnxruntime-gpu, parts to carry):
 #
 #   WHEELHOUSE=/tmp/stage/wheels bench/gpu_check.sh --out "$OUT"     # PYTHON picks the base Python
+#
+# One device call of about eight minutes for the instances sweep (the fp16 graph only, no batching):
+#
+#   WHEELHOUSE=... bench/gpu_check.sh --text-lang en --precisions fp16 --piper-batch none --out "$OUT"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-budget=${GPU_CHECK_BUDGET:-290}
+budget=${GPU_CHECK_BUDGET:-470}
 start=$SECONDS
 left() { local n=$((budget - (SECONDS - start))); echo $((n > 1 ? n : 1)); }
 has_cuda() {
@@ -83,4 +91,6 @@ if [[ -z "${PYTHON:-}" ]]; then
 fi
 
 echo "gpu_check: $PYTHON ($(left) s left)"
+GPU_CHECK_END=$(($(date +%s) + $(left)))
+export GPU_CHECK_END
 exec timeout "$(left)" "$PYTHON" bench/gpu_check.py "$@"

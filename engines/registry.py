@@ -26,7 +26,7 @@ from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
 from engines import heap
-from engines.base import Engine, EngineBusy, LoadFailed, ModelNotFound, public_text
+from engines.base import Engine, EngineBusy, Instances, LoadFailed, ModelNotFound, public_text
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,8 @@ class ModelState:
     current: bool
     providers: tuple[str, ...] = ()
     """Execution providers the loaded model runs on (`ModelHandle.providers`)."""
+    instances: Instances | None = None
+    """The sessions the loaded model runs on (`ModelHandle.instances`)."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,20 @@ class ModelHandle(Generic[L]):
         except Exception:  # a status route never fails for it
             logger.exception("model %s could not say its providers", self.id)
             return ()
+
+    @property
+    def instances(self) -> Instances | None:
+        """The sessions the model runs its calls on now (`engines.base.Pooled`); None while it
+        is not ready, or for an engine without a pool of sessions."""
+        instances = getattr(self.engine, "instances", None)
+        if self.status is not ModelStatus.READY or not callable(instances):
+            return None
+        try:
+            found = instances()
+        except Exception:  # a status route never fails for it
+            logger.exception("model %s could not say its instances", self.id)
+            return None
+        return found if isinstance(found, Instances) else None
 
 
 class EngineRegistry(Generic[L]):
@@ -444,4 +460,5 @@ def _snapshot(handle: ModelHandle[Any]) -> ModelState:
         last_used=handle.last_used,
         current=handle.current,
         providers=handle.providers,
+        instances=handle.instances,
     )

@@ -57,7 +57,8 @@ def test_profile_loads_with_the_values_it_names(profile: str) -> None:
         expected = getattr(Settings(**{name: raw}), name)  # the file's text, validated alone
         assert getattr(settings, name) == expected, f"{profile}: {name}"
     for field, items in nested.items():
-        assert getattr(settings, field) == items, f"{profile}: {field}"
+        expected = getattr(Settings(**{field: items}), field)  # validated alone, as above
+        assert getattr(settings, field) == expected, f"{profile}: {field}"
     assert settings.profile == profile
     assert settings.port == PROFILES[profile]
     for budget in ("cache_max_items", "cache_max_bytes", "cache_max_item_bytes", "idle_ttl",
@@ -146,3 +147,15 @@ def test_cli_unknown_profile_exits_with_usage_error(capsys: pytest.CaptureFixtur
 def test_make_serve_uses_a_profile() -> None:
     makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
     assert "voxmux serve --profile $(PROFILE)" in makefile
+
+
+@pytest.mark.parametrize("profile", ["gpu", "legacy-gpu"])
+def test_gpu_profiles_put_each_model_on_its_faster_provider(profile: str) -> None:
+    """Piper on the CPU beside Kokoro on CUDA (bench/results/gpu.md: Piper's graph ran slower
+    on CUDA than on two CPU cores); the gpu profile runs two Kokoro instances on the card."""
+    settings = load_settings(profile)
+    assert settings.providers_for("kokoro") == [CUDA, CPU]
+    assert settings.providers_for("piper") == [CPU]
+    assert settings.instances_for("piper") == 1
+    assert settings.instances_for("kokoro") == (2 if profile == "gpu" else 1)
+    assert load_settings("cpu").instances_for("kokoro") == 1

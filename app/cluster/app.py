@@ -125,12 +125,21 @@ def build(settings: Settings, *, engine_options: dict[str, Any] | None = None,
 
 
 def actor_resources(cpus: float, resources: dict[str, float]) -> dict[str, Any]:
-    """Ray's actor options for an engine replica: `CPU` and `GPU` are its `num_cpus` and
-    `num_gpus` (Ray refuses them among `resources`), the rest custom resources."""
+    """Ray's actor options for an engine replica: `CPU` and `GPU` (in any case: environment keys
+    arrive in lower case) are its `num_cpus` and `num_gpus` (Ray refuses them among
+    `resources`), the rest custom resources. A fraction of a GPU (0.25) lets that many replicas
+    share one card, each its own process with its own sessions (Ray places them by the
+    fraction; the card's memory is theirs to share); above one, Ray takes whole GPUs only."""
     custom = dict(resources)
-    options: dict[str, Any] = {"num_cpus": custom.pop("CPU", cpus), "resources": custom}
-    if "GPU" in custom:
-        options["num_gpus"] = custom.pop("GPU")
+    named = {key.upper(): key for key in custom if key.upper() in ("CPU", "GPU")}
+    options: dict[str, Any] = {"num_cpus": custom.pop(named["CPU"]) if "CPU" in named else cpus}
+    if "GPU" in named:
+        gpus = custom.pop(named["GPU"])
+        if gpus <= 0 or (gpus > 1 and not float(gpus).is_integer()):
+            raise ValueError(f"a model's GPU resource must be a fraction of one GPU (0 < x <= 1) "
+                             f"or whole GPUs, not {gpus:g}")
+        options["num_gpus"] = gpus
+    options["resources"] = custom
     return options
 
 

@@ -313,7 +313,9 @@ class Engines:
                 slots=handle.lane.concurrency,
                 draining=handle.id in self._draining,
                 served=self._served[handle.id], rendered=self._rendered[handle.id],
-                providers=handle.providers)
+                providers=handle.providers,
+                instances=pool.count if (pool := handle.instances) else 0,
+                vram_instance_mib=(pool.vram_mib or 0.0) if pool else 0.0)
         return ReplicaState(self.replica, self.node, models, self._preloading, time.time())
 
     async def _report_loop(self) -> None:

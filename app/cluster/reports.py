@@ -117,7 +117,7 @@ def parse(texts: list[str], application: str, deployments: set[str]) -> list[Rep
                 continue
             numbers: dict[str, Any] = {name: figures.get(name, 0.0) for name in NUMERIC}
             for name in ("refcount", "running", "queued", "in_flight", "slots", "served",
-                         "rendered"):
+                         "rendered", "instances"):
                 numbers[name] = int(numbers[name])
             numbers["draining"] = bool(numbers["draining"])
             numbers["load_seconds"] = numbers["load_seconds"] or None

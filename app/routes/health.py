@@ -3,7 +3,10 @@
 its model). `loading` until the preloaded models are ready; `degraded` names a problem: a model
 in error, CUDA asked for but missing, a Redis (`VOXMUX_CACHE_URL`) that does not answer. Each
 model says which onnxruntime providers it really runs on (`providers`: CUDA first, or only the
-CPU it fell back to; empty while unloaded and for eSpeak NG, which runs on the host CPU)."""
+CPU it fell back to; empty while unloaded and for eSpeak NG, which runs on the host CPU), how
+many sessions of its graph run calls at once (`instances`, `VOXMUX_INSTANCES`), and the VRAM
+each took as it opened (`vram_per_instance_mib`; null on CPU or where NVML cannot tell, with
+`vram_note` saying which)."""
 
 from __future__ import annotations
 
@@ -22,7 +25,9 @@ async def health(request: Request, service: ServiceDep) -> Health:
     views = await service.model_views(replicas)
     models = {
         model_id: {"status": v.status, "refcount": v.refcount, "error": v.error,
-                   "providers": list(v.providers)}
+                   "providers": list(v.providers), "instances": v.instances,
+                   "vram_per_instance_mib": v.vram_per_instance_mib,
+                   "vram_note": v.vram_note or None}
         for model_id, v in views.items()
     }
     warnings = list(request.app.state.runtime.fallbacks)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from app.serving.scheduler import Lane
+from engines.onnx import CUDA
 from engines.registry import ModelHandle, ModelStatus
 
 
@@ -42,6 +43,11 @@ class ReplicaModel:
     """Segments this replica has rendered for the model."""
     providers: tuple[str, ...] = ()
     """onnxruntime providers the model runs on here (`ModelHandle.providers`)."""
+    instances: int = 0
+    """Sessions of its graph it runs calls on here (`ModelHandle.instances`); 0: none reported
+    (not ready, or an engine without a pool)."""
+    vram_instance_mib: float = 0.0
+    """VRAM one of those sessions took; 0: unknown, or not on CUDA."""
 
 
 @dataclass(frozen=True)
@@ -118,16 +124,27 @@ class ModelView:
     providers: tuple[str, ...] = ()
     """onnxruntime providers the model runs on (on a cluster: on any replica, in order of first
     mention); empty while not ready and for engines that use none."""
+    instances: int | None = None
+    """Sessions of its graph that run calls at once (on a cluster: on each replica); None while
+    not ready and for engines without a pool of sessions."""
+    vram_per_instance_mib: float | None = None
+    """VRAM one of those sessions took as it opened; None off CUDA or where NVML cannot tell,
+    `vram_note` saying which."""
+    vram_note: str = ""
 
 
 def local_views(handles: Iterable[ModelHandle[Lane]]) -> dict[str, ModelView]:
     views = {}
     for handle in handles:
         lane = handle.lane.state()
+        pool = handle.instances
         views[handle.id] = ModelView(handle.status, handle.refcount, handle.error,
                                      handle.load_seconds, handle.current, lane.running,
                                      lane.queued, lane.in_flight, slots=handle.lane.concurrency,
-                                     providers=handle.providers)
+                                     providers=handle.providers,
+                                     instances=pool.count if pool else None,
+                                     vram_per_instance_mib=pool.vram_mib if pool else None,
+                                     vram_note=pool.vram_note if pool else "")
     return views
 
 
@@ -149,6 +166,11 @@ def fleet_views(model_ids: Iterable[str], replicas: list[ReplicaState],
         loads = [s.load_seconds for _, s in states if s.load_seconds is not None]
         holders = tuple(rid for rid, s in states
                         if s.status in (ModelStatus.READY, ModelStatus.LOADING))
+        providers = tuple(dict.fromkeys(p for _, s in states for p in s.providers))
+        instances = max((s.instances for _, s in states), default=0)
+        vram = max((s.vram_instance_mib for _, s in states), default=0.0)
+        note = "" if vram or not instances else (
+            "runs on the CPU" if CUDA not in providers else "not reported by the replicas")
         views[model_id] = ModelView(
             status=status,
             refcount=sum(s.refcount for _, s in states),
@@ -160,6 +182,9 @@ def fleet_views(model_ids: Iterable[str], replicas: list[ReplicaState],
             in_flight=sum(s.in_flight for _, s in states),
             replicas=holders,
             slots=sum(s.slots for _, s in states if s.status is ModelStatus.READY),
-            providers=tuple(dict.fromkeys(p for _, s in states for p in s.providers)),
+            providers=providers,
+            instances=instances or None,
+            vram_per_instance_mib=vram or None,
+            vram_note=note,
         )
     return views

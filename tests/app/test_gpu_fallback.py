@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from app.main import create_app
+from app.main import build_registry, create_app, runtime_options
+from app.serving.catalogue import Catalogue
+from app.serving.scheduler import Lane
+from engines.registry import EngineRegistry
 from tests.conftest import decode, start_server, test_settings
 
 CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
@@ -47,6 +50,11 @@ def test_cuda_requested_serves_on_cpu_and_health_is_degraded(
     assert health["models"]["piper"]["status"] == "ready"
     for model in ("piper", "kokoro"):  # each model says it runs on the CPU it fell back to
         assert health["models"][model]["providers"] == [CPU], model
+        # one instance each, its VRAM none, and why
+        assert health["models"][model]["instances"] == 1, model
+        assert health["models"][model]["vram_per_instance_mib"] is None
+        assert health["models"][model]["vram_note"] == "runs on the CPU"
+    assert health["models"]["espeak"]["instances"] is None  # no sessions (and not loaded)
     (warning,) = health["warnings"]
     assert warning.startswith(f"{CUDA} requested but ")
     assert ("not available in this onnxruntime" in warning
@@ -54,3 +62,31 @@ def test_cuda_requested_serves_on_cpu_and_health_is_degraded(
     logged = [r for r in caplog.records if CUDA in r.getMessage()]
     assert [r.getMessage() for r in logged] == [warning]  # once, though three sessions opened
     assert logged[0].levelno == logging.WARNING
+
+
+def test_a_model_of_its_own_providers_and_instances_gets_them(tmp_path: Path) -> None:
+    """The GPU profile's Piper on the CPU beside Kokoro on CUDA: its sessions never ask for
+    CUDA (no fallback noted when it loads, where the same load on the profile's providers notes
+    one), and its lane runs one call per instance."""
+    def registry(**overrides: object) -> tuple[EngineRegistry[Lane], list[str]]:
+        settings = test_settings(tmp_path, providers=GPU_PROVIDERS, preload=[], **overrides)
+        runtime = runtime_options(settings)
+        built = build_registry(settings, Catalogue.load(settings.catalogue_path), runtime)
+        piper = built["piper"].engine
+        piper.load()
+        try:
+            assert built["piper"].engine.providers() == (CPU,)
+        finally:
+            piper.unload()
+        return built, runtime.fallbacks
+
+    own, notes = registry(model_providers={"piper": CPU}, model_instances={"piper": 2})
+    assert notes == []
+    assert own["piper"].lane.concurrency == 2
+    assert own["piper"].engine._runtime.providers == (CPU,)
+    assert own["kokoro"].engine._runtime.providers == tuple(GPU_PROVIDERS)
+    assert own["kokoro"].lane.concurrency == 1
+    _, shared = registry()
+    if not shared:
+        pytest.skip("this machine runs CUDA")
+    assert shared[0].startswith(f"{CUDA} requested but ")

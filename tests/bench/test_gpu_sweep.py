@@ -42,3 +42,35 @@ def test_the_batch_sweep_compares_piper_batching_off_and_on(tmp_path: Path) -> N
     assert "piper_batching" in (gpu_check.__doc__ or "")
     markdown = gpu_sweep.batch_markdown([off, on]).splitlines()
     assert len({line.count("|") for line in markdown}) == 1
+
+
+def test_the_instances_sweep_writes_a_cell_per_setting_in_the_promised_shape(
+        tmp_path: Path) -> None:
+    """The GPU check's instances x concurrency sweep, tiny, on CPU (the GPU machine runs the
+    same code on CUDA): each cell is an object other tools can read by these names."""
+    import json
+
+    settings = Settings(cache_dir=CACHE_DIR, models_dir=tmp_path)
+    cells, notes = gpu_sweep.instances_sweep(
+        settings, [gpu_sweep.SweepTarget("piper", "CPUExecutionProvider")], [1, 2], [1, 2],
+        requests=2, segments=["On time.", "The train left."])
+    assert notes == []
+    assert [(c.instances, c.concurrency) for c in cells] == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    for cell in json.loads(json.dumps([asdict(c) for c in cells])):
+        assert cell["model"] == "piper" and cell["requests"] == 2
+        assert isinstance(cell["instances"], int) and isinstance(cell["concurrency"], int)
+        for name in ("x_realtime", "first_audio_s", "first_audio_p95_s"):
+            assert isinstance(cell[name], float) and cell[name] > 0, name
+        assert cell["first_audio_s"] <= cell["first_audio_p95_s"]
+        # two segments of about a second each: the first is heard before the whole request
+        assert cell["audio_s"] > 1.0 and cell["providers"] == ["CPUExecutionProvider"]
+        assert cell["vram_per_instance_mib"] is None
+    for promised in ("model", "instances", "concurrency", "x_realtime", "first_audio_s",
+                     "first_audio_p95_s"):
+        assert promised in (gpu_check.__doc__ or "")
+    table = gpu_sweep.cells_markdown(cells).splitlines()
+    assert len(table) == 4 and len({line.count("|") for line in table}) == 1
+    late, skipped = gpu_sweep.instances_sweep(
+        settings, [gpu_sweep.SweepTarget("piper", "CPUExecutionProvider")], [1], [1],
+        deadline=0.0)
+    assert late == [] and skipped == ["piper CPUExecutionProvider x1: out of time"]

@@ -135,3 +135,22 @@ def test_the_deployments_run_two_ingress_replicas() -> None:
                 application["runtime_env"]["env_vars"]):
         assert int(env["VOXMUX_RAY_INGRESS_REPLICAS"]) >= 2
         assert env["VOXMUX_CACHE_URL"].startswith("redis://")  # jobs and cancels shared
+
+
+def test_a_fraction_of_a_gpu_from_the_environment_packs_replicas_on_one_card(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`VOXMUX_RAY_MODEL_RESOURCES__KOKORO__GPU=0.25` arrives as `gpu` (environment keys are
+    lower case) and must still be Ray's `num_gpus`, not a custom resource no node has; Ray takes
+    a fraction above one only in whole GPUs, refused at build time with the reason."""
+    from app.cluster.app import build
+
+    monkeypatch.setenv("VOXMUX_RAY_MODEL_RESOURCES__KOKORO__GPU", "0.25")
+    settings = test_settings(tmp_path)
+    assert settings.ray_model_resources == {"kokoro": {"gpu": 0.25}}
+    placed = build(settings)._bound_deployment.init_args[2]
+    options = placed["kokoro"]._bound_deployment.ray_actor_options
+    assert options["num_gpus"] == 0.25 and options["resources"] == {}
+    assert options["num_cpus"] == settings.ray_engine_cpus
+    monkeypatch.setenv("VOXMUX_RAY_MODEL_RESOURCES__KOKORO__GPU", "1.5")
+    with pytest.raises(ValueError, match="whole GPUs"):
+        build(test_settings(tmp_path))

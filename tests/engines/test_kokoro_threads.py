@@ -92,7 +92,7 @@ def test_unload_closes_both_sessions() -> None:
     assert made.providers() == ("CPUExecutionProvider",)
     assert made._narrow is not None
     made.unload()
-    assert made._session is None and made._narrow is None and made.providers() == ()
+    assert made._pool is None and made._narrow is None and made.providers() == ()
 
 
 def test_a_second_session_that_fails_to_open_leaves_kokoro_unloaded(
