@@ -83,7 +83,7 @@ def _measure(quick: bool) -> dict[str, Any]:
     from tests.conftest import CACHE_DIR
 
     return measure_batch(CACHE_DIR, RuntimeOptions(), TEXTS[:2] if quick else TEXTS,
-                         repeats=1 if quick else 2)
+                         repeats=1)
 
 
 def _summary(data: dict[str, Any]) -> str:
