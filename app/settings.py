@@ -107,9 +107,10 @@ class Settings(BaseSettings):
     rounding made it."""
     engine_batch: int = Field(1, ge=1, le=64)
     """Most segments of different requests one inference takes, on graphs that can batch
-    (Piper's); 1: no batching. Pays where one segment leaves the device idle (a GPU); on a CPU
-    the padded run is slower than the segments one by one (bench/results/batching.md). A
-    model that batches runs at least this many engine calls at once."""
+    (Piper's, Kokoro's fp32 graph); 1: no batching. Pays where one segment leaves the device
+    idle (a GPU); on a CPU the padded run is slower than the segments one by one
+    (bench/results/batching.md). A model that batches runs at least this many engine calls at
+    once."""
     engine_batch_wait_ms: float = Field(5, ge=0, le=1000)
     """Milliseconds a segment waits for others to join its run when `engine_batch` > 1."""
     model_providers: dict[str, str] = {}

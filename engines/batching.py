@@ -5,7 +5,8 @@ A GPU that renders one short segment at a time sits mostly idle; several segment
 it better. On a CPU every core is already busy with one segment (bench/results/batching.md: the
 padded run takes longer than the same segments one by one), so it is off unless
 `RuntimeOptions.batch_size` asks for it. Only a graph with a batch dimension and per-item lengths
-can batch (Piper's VITS graphs; Kokoro's and hibari's graphs are built for one segment).
+can batch (Piper's VITS graphs, Kokoro's fp32 vocoder cut out by `engines.kokoro_batch`;
+hibari's graph is built for one segment).
 
 How a call goes: it joins the queue of calls that can share a run (same `key`: the inputs every
 item of a run shares, such as Piper's scales). The call at the head of a queue leads: it waits

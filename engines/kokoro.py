@@ -54,6 +54,7 @@ from engines.frontend import (
 )
 from engines.frontend.espeak_voices import espeak_language
 from engines.frontend.ipa import to_engine
+from engines.kokoro_batch import BatchedKokoro
 from engines.kokoro_float import Precision, float_graph
 from engines.onnx import (
     CPU,
@@ -251,6 +252,12 @@ class KokoroEngine:
                           and runtime.instances == 1)
         self.capabilities = replace(type(self).capabilities, instances=max(1, runtime.instances),
                                     cores_per_call=1 if self._adaptive else 0)
+        # The fp32 graph only: segments of several requests share one decoder run
+        # (`engines.kokoro_batch` says why not the others).
+        self._batches = runtime.batch_size > 1 and precision == "fp32"
+        self._batched: BatchedKokoro | None = None
+        if self._batches:
+            self.capabilities = replace(self.capabilities, batching=True)
         self._calls = 0
         self._calls_lock = threading.Lock()
         self._vocab: dict[str, int] = json.loads(_package_data("vocab.json").read_text())["vocab"]
@@ -321,13 +328,22 @@ class KokoroEngine:
             raise
         except Exception as exc:
             raise LoadFailed(f"Kokoro failed to load: {exc}") from exc
+        if self._batches:
+            try:
+                stamp = (self._cache_dir / (MODEL_FILE + ".sha256")).read_text().strip()
+                self._batched = BatchedKokoro.open(prepare_model(self._cache_dir, "fp32"), stamp,
+                                                   self._runtime)
+            except LoadFailed:
+                raise
+            except Exception as exc:
+                raise LoadFailed(f"Kokoro's batched graphs failed to load: {exc}") from exc
         self._pool, self._narrow = wide, narrow
         # The readers load their dictionaries here, not in the first request: the embedded
         # voices are Japanese, so the Japanese reader is started now.
         try:
             ja.READER.hold(start=True)
         except Exception as exc:
-            self._pool = self._narrow = None
+            self._pool = self._narrow = self._batched = None
             raise LoadFailed(f"Kokoro failed to load: {exc}") from exc
         try:
             zh.words("准备")
@@ -338,7 +354,7 @@ class KokoroEngine:
     def unload(self) -> None:
         if self._pool is None:
             return
-        self._pool = self._narrow = None
+        self._pool = self._narrow = self._batched = None
         # Both readers' dictionaries go with the model: jieba's is dropped, and the Japanese
         # reader's process stops when no other loaded engine holds it.
         zh.release()
@@ -413,7 +429,7 @@ class KokoroEngine:
     def stream_timed(self, req: SynthesisRequest) -> Iterator[TimedAudio]:
         # The sessions as they are now: a call under way finishes on them even if an unload
         # (at shutdown) drops the engine's references.
-        wide, narrow = self._pool, self._narrow
+        wide, narrow, batched = self._pool, self._narrow, self._batched
         if wide is None:
             raise LoadFailed("Kokoro is not loaded")
         style_table = self._style_table(req.voice)
@@ -425,12 +441,13 @@ class KokoroEngine:
         for start, end in self._token_runs(tokens):
             piece = tokens[start:end]
             style = style_table[min(len(piece), len(style_table)) - 1].reshape(1, 256)
-            with self._session_for_call(wide, narrow) as session:
-                audio, durations = run(session, {
-                    "tokens": np.array([[0, *piece, 0]], dtype=np.int64),
-                    "style": style.astype(np.float32),
-                    "speed": speed,
-                }, req.cancel)[:2]
+            feeds = {"tokens": np.array([[0, *piece, 0]], dtype=np.int64),
+                     "style": style.astype(np.float32), "speed": speed}
+            if batched is not None:
+                audio, durations = batched.run(feeds, req.cancel)
+            else:
+                with self._session_for_call(wide, narrow) as session:
+                    audio, durations = run(session, feeds, req.cancel)[:2]
             samples = np.asarray(audio, dtype=np.float32).reshape(-1)
             words: tuple[WordTiming, ...] = ()
             if req.timings:
