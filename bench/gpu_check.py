@@ -36,6 +36,8 @@ Output (`--json` prints it, `--out DIR` writes it as `DIR/gpu_check.json`, with 
                 provider, providers, requests, wall_s, audio_s, vram_per_instance_mib,
                 vram_process_mib}, ...],
      "cells_left_out": [note, ...],
+     "kokoro_batch": {providers, segments, audio_seconds, one_by_one_s, batched_s,
+                      max_abs_diff: [...]} or {error} or null,
      "settings": {precisions, concurrency, rounds, piper_batch, instances, sweep_concurrency,
                   sweep_targets, sweep_requests}}
 A cell: `x_realtime` is the aggregate audio seconds per wall second of its requests,
@@ -306,6 +308,19 @@ def render(env: dict[str, Any], results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def kokoro_batching(settings: Settings) -> dict[str, Any]:
+    """Kokoro's batched fp32 decoder (four segments in one run) against the fp32 graph one
+    segment at a time, on the profile's providers: whether batching gains on this device
+    (`bench.kokoro_batch.measure_batch`); an error is reported, not raised."""
+    from bench.kokoro_batch import measure_batch
+
+    try:
+        return {"providers": list(settings.providers),
+                **measure_batch(settings.cache_dir, runtime_options(settings), repeats=2)}
+    except Exception as error:  # a failed step never loses the rest of the run
+        return {"error": f"{type(error).__name__}: {error}"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default=os.environ.get("VOXMUX_PROFILE") or "gpu")
@@ -334,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="requests per cell (0: the concurrency, at least 4)")
     parser.add_argument("--sweep-budget", type=float, default=0,
                         help="seconds the instances sweep may take (0: no limit)")
+    parser.add_argument("--kokoro-batch", choices=("on", "off"), default="on",
+                        help="time Kokoro's batched fp32 decoder against one graph per "
+                             "segment (bench/kokoro_batch.py) on the profile's providers")
     parser.add_argument("--text-lang", choices=("auto", "ja", "en"), default="auto",
                         help="Kokoro's text: Japanese, or English through eSpeak NG; auto: "
                              "Japanese when pyopenjtalk-plus and jieba are installed")
@@ -378,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
                 == SHORT_NAMES["piper"] for m in wanted)
     batched = (gpu_sweep.piper_batching(settings, batches, args.concurrency, args.rounds)
                if piper and batches else [])
+    kokoro_batch = kokoro_batching(settings) if kokoro and args.kokoro_batch == "on" else None
     counts = [] if args.instances == "none" else _ints(args.instances)
     targets = [gpu_sweep.SweepTarget(model, PROVIDER_NAMES[where])
                for model, _, where in (t.partition("@") for t in args.sweep_targets.split(","))
@@ -391,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  deadline, vram=VramSampler)
                        if counts and targets else ([], []))
     payload = {"environment": env, "results": [asdict(r) for r in results],
+               "kokoro_batch": kokoro_batch,
                "kokoro_precisions": [asdict(r) for r in swept],
                "piper_batching": [asdict(r) for r in batched],
                "cells": [asdict(c) for c in cells], "cells_left_out": left_out,
@@ -402,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
                             "sweep_requests": args.sweep_requests}}
     sweep_table = gpu_sweep.cells_markdown(cells) if cells else ""
     sweep_table += "".join(f"\nLEFT OUT {note}" for note in left_out)
+    if kokoro_batch:
+        sweep_table += f"\n\nKOKORO BATCH {json.dumps(kokoro_batch)}"
     table = (render(env, results) + ("\n\n" + gpu_sweep.render(swept) if swept else "")
              + ("\n\n" + gpu_sweep.batch_markdown(batched) if batched else "")
              + ("\n\n" + sweep_table if sweep_table else ""))
