@@ -63,15 +63,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="only the tests that run no engine, server or process (make check)")
 
 
-CLUSTER = Path(__file__).resolve().parent / "cluster"
-"""Tests that start Ray clusters: under xdist (`make test` runs two workers) they share one
-worker, so two local clusters never start at once on a small machine."""
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if CLUSTER in Path(str(item.path)).parents:
-            item.add_marker(pytest.mark.xdist_group("ray"))
     if not config.getoption("--no-engines"):
         return
     heavy: dict[Path, bool] = {}
