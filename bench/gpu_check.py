@@ -63,6 +63,7 @@ import platform
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -266,6 +267,34 @@ def _ints(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
 
+def _counts(low: int, high: int) -> Callable[[str], list[int]]:
+    """An argument type: a comma list of whole numbers from `low` to `high`, or `none` ([])."""
+    def parse(text: str) -> list[int]:
+        if text.strip() == "none":
+            return []
+        try:
+            counts = _ints(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of whole numbers, "
+                                             "or none") from None
+        if not counts or not all(low <= n <= high for n in counts):
+            raise argparse.ArgumentTypeError(f"{text!r}: each from {low} to {high}")
+        return counts
+    return parse
+
+
+def _targets(text: str) -> list[tuple[str, str]]:
+    """--sweep-targets: (model, provider) for each `model@CUDA` or `model@CPU`."""
+    targets = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        model, _, where = part.partition("@")
+        if not model or where not in PROVIDER_NAMES:
+            raise argparse.ArgumentTypeError(
+                f"{part!r} is not model@{' or model@'.join(PROVIDER_NAMES)}")
+        targets.append((model, PROVIDER_NAMES[where]))
+    return targets
+
+
 def environment(settings: Settings) -> dict[str, Any]:
     import onnxruntime
 
@@ -337,13 +366,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="concurrent requests per sweep level (comma list)")
     parser.add_argument("--rounds", type=int, default=2,
                         help="requests each thread makes per sweep level")
-    parser.add_argument("--piper-batch", default="1,8",
+    parser.add_argument("--piper-batch", type=_counts(1, 64), default="1,8",
                         help="Piper batch sizes to compare (comma list; 1 is off), or none")
-    parser.add_argument("--instances", default="1,2,4",
+    parser.add_argument("--instances", type=_counts(1, 16), default="1,2,4",
                         help="session counts of the instances sweep (comma list), or none")
     parser.add_argument("--sweep-concurrency", type=_ints, default=[1, 4, 8, 16, 32],
                         help="concurrent requests per cell of the instances sweep")
-    parser.add_argument("--sweep-targets", default="kokoro@CUDA,piper@CPU,piper@CUDA",
+    parser.add_argument("--sweep-targets", type=_targets,
+                        default="kokoro@CUDA,piper@CPU,piper@CUDA",
                         help="model@CUDA or model@CPU, comma list")
     parser.add_argument("--sweep-requests", type=int, default=0,
                         help="requests per cell (0: the concurrency, at least 4)")
@@ -391,15 +421,14 @@ def main(argv: list[str] | None = None) -> int:
     kokoro = any(SHORT_NAMES.get(catalogue.models[m].engine, catalogue.models[m].engine)
                  == SHORT_NAMES["kokoro"] for m in wanted)
     swept = sweep(settings, precisions, args.concurrency, args.rounds) if kokoro else []
-    batches = [] if args.piper_batch == "none" else _ints(args.piper_batch)
+    batches = args.piper_batch
     piper = any(SHORT_NAMES.get(catalogue.models[m].engine, catalogue.models[m].engine)
                 == SHORT_NAMES["piper"] for m in wanted)
     batched = (gpu_sweep.piper_batching(settings, batches, args.concurrency, args.rounds)
                if piper and batches else [])
     kokoro_batch = kokoro_batching(settings) if kokoro and args.kokoro_batch == "on" else None
-    counts = [] if args.instances == "none" else _ints(args.instances)
-    targets = [gpu_sweep.SweepTarget(model, PROVIDER_NAMES[where])
-               for model, _, where in (t.partition("@") for t in args.sweep_targets.split(","))
+    counts = args.instances
+    targets = [gpu_sweep.SweepTarget(model, provider) for model, provider in args.sweep_targets
                if model in wanted]
     deadline = time.monotonic() + args.sweep_budget if args.sweep_budget else None
     if end := os.environ.get("GPU_CHECK_END"):  # gpu_check.sh's time limit, less a cell's time

@@ -277,11 +277,12 @@ class KokoroEngine:
 
     @property
     def loaded(self) -> bool:
-        return self._pool is not None
+        return self._pool is not None or self._batched is not None
 
     def providers(self) -> tuple[str, ...]:
-        pool = self._pool
-        return session_providers([*(pool.sessions if pool else ()), self._narrow])
+        pool, batched = self._pool, self._batched
+        return session_providers([*(pool.sessions if pool else ()), self._narrow,
+                                  *(batched.sessions() if batched else ())])
 
     def instances(self) -> Instances | None:
         pool = self._pool
@@ -317,11 +318,12 @@ class KokoroEngine:
         ]
 
     def load(self) -> None:
-        if self._pool is not None:
+        if self.loaded:
             return
         try:
             model = prepare_model(self._cache_dir, self.precision)
-            wide = open_pool(model, self._runtime)
+            # Batched, every call runs on the two graphs below: no session of the whole one.
+            wide = None if self._batches else open_pool(model, self._runtime)
             narrow = (open_session(model, self._runtime, intra_op_threads=1)
                       if self._adaptive else None)
         except LoadFailed:
@@ -352,7 +354,7 @@ class KokoroEngine:
             raise LoadFailed(f"Kokoro failed to load its Chinese dictionary: {exc}") from exc
 
     def unload(self) -> None:
-        if self._pool is None:
+        if not self.loaded:
             return
         self._pool = self._narrow = self._batched = None
         # Both readers' dictionaries go with the model: jieba's is dropped, and the Japanese
@@ -430,7 +432,7 @@ class KokoroEngine:
         # The sessions as they are now: a call under way finishes on them even if an unload
         # (at shutdown) drops the engine's references.
         wide, narrow, batched = self._pool, self._narrow, self._batched
-        if wide is None:
+        if wide is None and batched is None:
             raise LoadFailed("Kokoro is not loaded")
         style_table = self._style_table(req.voice)
         phonemes = _Phonemes.read(self._runs(req.text, req.voice, req.language), req.timings)
@@ -446,6 +448,7 @@ class KokoroEngine:
             if batched is not None:
                 audio, durations = batched.run(feeds, req.cancel)
             else:
+                assert wide is not None
                 with self._session_for_call(wide, narrow) as session:
                     audio, durations = run(session, feeds, req.cancel)[:2]
             samples = np.asarray(audio, dtype=np.float32).reshape(-1)

@@ -441,6 +441,9 @@ class BatchedKokoro:
         batcher = Batcher(runtime.batch_size, runtime.batch_wait, _any_segment, padded, parts)
         return cls(open_session(first, runtime), open_session(second, runtime), batcher)
 
+    def sessions(self) -> tuple[Any, Any]:
+        return self.encoder, self.decoder
+
     def run(self, feeds: Feeds, cancel: CancelToken) -> tuple[np.ndarray, np.ndarray]:
         """(audio samples, durations) of one segment, as the one-graph run gives them."""
         asr, f0, energy, durations = run(self.encoder, feeds, cancel)

@@ -62,6 +62,7 @@ from app.text.ssml import detect
 from engines.base import (
     InvalidParameter,
     ModelNotFound,
+    Placed,
     SynthesisRequest,
     TimedEngine,
     VoiceNotFound,
@@ -498,16 +499,25 @@ class SpeechService:
         if capabilities.whole_first_sentence and first < most:
             first = max(first, len(first_sentence(text, most)))
         return split_text(text, max_chars=most, first_max_chars=first,
-                          growth=self._growth(plan.handle.providers))
+                          growth=self._growth(plan))
 
-    def _growth(self, providers: tuple[str, ...]) -> float:
+    def _growth(self, plan: SpeechPlan) -> float:
         """How much each segment's budget grows over the one before (`segment_packing`): a
         model on a device packs every segment after the first up to the engine's limit."""
         packing = self.settings.segment_packing
         if packing == "auto":
-            on_device = bool(providers) and providers[0] != "CPUExecutionProvider"
-            packing = "full" if on_device else "grow"
+            packing = "full" if self._on_device(plan) else "grow"
         return math.inf if packing == "full" else self.settings.segment_growth
+
+    def _on_device(self, plan: SpeechPlan) -> bool:
+        """Whether `plan`'s model runs on a device: by the providers its sessions run on, or,
+        while it is not loaded (a request planned before its load, a cluster's ingress, which
+        loads none), by those it is configured for. An engine that runs on no onnxruntime
+        provider (eSpeak NG) runs on the CPU."""
+        if not isinstance(plan.engine, Placed):
+            return False
+        providers = plan.handle.providers or tuple(self.settings.providers_for(plan.model_id))
+        return bool(providers) and providers[0] != "CPUExecutionProvider"
 
     def _voice_language(self, plan: SpeechPlan) -> str:
         for voice in plan.engine.voices():

@@ -16,8 +16,9 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+import traceback
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from opentelemetry import propagate, trace
@@ -105,7 +106,20 @@ def span(name: str, attributes: Attributes = None) -> AbstractContextManager[Spa
     recorded and sets the status to error. Nothing outside a trace."""
     if not _traced():
         return nullcontext(INVALID_SPAN)
-    return _tracer.start_as_current_span(name, attributes=attributes)
+    return _recorded(_tracer.start_as_current_span(
+        name, attributes=attributes, record_exception=False, set_status_on_exception=False))
+
+
+@contextmanager
+def _recorded(opened: AbstractContextManager[Span]) -> Iterator[Span]:
+    """`opened`'s span, an exception leaving it recorded by `failed` (not by the SDK, which
+    would copy its message whole)."""
+    with opened as current:
+        try:
+            yield current
+        except Exception as exc:
+            failed(exc, current)
+            raise
 
 
 def traced(name: str, describe: Callable[[R], Attributes]
@@ -128,13 +142,28 @@ def current() -> Span:
     return trace.get_current_span() if _provider is not None else INVALID_SPAN
 
 
+QUOTING = ("input", "text")
+"""The request fields whose errors may quote the text to speak (an unreadable script's first
+words, a sentence without the word): a trace carries their code, never their message."""
+
+
 def failed(error: BaseException, on: Span | None = None) -> None:
     """Record `error` on `on` (default: the current span): an exception event and an error
-    status with its message."""
+    status with its message; for an error about the text to speak (`QUOTING`), its class and
+    code in place of the message, and its frames without it, so no input reaches the trace."""
     target = current() if on is None else on
-    if target.is_recording():
+    if not target.is_recording():
+        return
+    message = getattr(error, "message", None) or str(error)
+    if getattr(error, "param", None) in QUOTING:
+        message = f"{type(error).__name__} ({getattr(error, 'code', None) or 'no code'}) " \
+                  f"about '{error.param}'"  # type: ignore[attr-defined]
+        target.record_exception(error, attributes={
+            "exception.message": message,
+            "exception.stacktrace": "".join(traceback.format_tb(error.__traceback__))})
+    else:
         target.record_exception(error)
-        target.set_status(StatusCode.ERROR, getattr(error, "message", None) or str(error))
+    target.set_status(StatusCode.ERROR, message)
 
 
 def carrier() -> dict[str, str]:
@@ -151,5 +180,6 @@ def continued(name: str, headers: Mapping[str, str], attributes: Attributes
     none or this process does not trace."""
     if _provider is None or "traceparent" not in headers:
         return nullcontext(INVALID_SPAN)
-    return _tracer.start_as_current_span(name, context=propagate.extract(headers),
-                                         kind=SpanKind.SERVER, attributes=attributes)
+    return _recorded(_tracer.start_as_current_span(
+        name, context=propagate.extract(headers), kind=SpanKind.SERVER, attributes=attributes,
+        record_exception=False, set_status_on_exception=False))

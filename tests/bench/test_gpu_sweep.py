@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
+import pytest
+
 from app.settings import Settings
 from bench import gpu_check, gpu_sweep
 from tests.conftest import CACHE_DIR
@@ -74,3 +76,24 @@ def test_the_instances_sweep_writes_a_cell_per_setting_in_the_promised_shape(
         settings, [gpu_sweep.SweepTarget("piper", "CPUExecutionProvider")], [1], [1],
         deadline=0.0)
     assert late == [] and skipped == ["piper CPUExecutionProvider x1: out of time"]
+
+
+@pytest.mark.parametrize("bad", [
+    ["--instances", "1,x"], ["--instances", "0"], ["--instances", "1,99"],
+    ["--piper-batch", "8,abc"], ["--piper-batch", "0"],
+    ["--sweep-targets", "piper@TPU"], ["--sweep-targets", "piper"],
+])
+def test_a_bad_sweep_argument_is_refused_before_any_model_runs(
+        bad: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+        ) -> None:
+    """A device call is minutes: a typo in the sweep's arguments is a usage error at once, not a
+    traceback after every model was checked."""
+    def checked(*args: object) -> None:
+        raise AssertionError("a model was checked before the arguments were")
+
+    monkeypatch.setattr(gpu_check, "check_model", checked)
+    with pytest.raises(SystemExit) as exit_:
+        gpu_check.main(["--models", "piper", "--precisions", "none", "--kokoro-batch", "off",
+                        *bad])
+    assert exit_.value.code == 2
+    assert "error: argument " + bad[0] in capsys.readouterr().err

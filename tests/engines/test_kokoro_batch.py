@@ -15,7 +15,16 @@ import pytest
 
 from engines.base import SynthesisRequest
 from engines.kokoro import MODEL_FILE, KokoroEngine, prepare_model
-from engines.kokoro_batch import ASR, ENERGY, F0, FRAMES, batch_graphs, padded, parts
+from engines.kokoro_batch import (
+    ASR,
+    ENERGY,
+    F0,
+    FRAMES,
+    batch_graphs,
+    graph_files,
+    padded,
+    parts,
+)
 from engines.kokoro_float import Precision
 from engines.onnx import RuntimeOptions
 from tests.conftest import CACHE_DIR, decode
@@ -123,3 +132,31 @@ def test_only_the_fp32_graph_batches(precision: Precision) -> None:
     fp16 in two parts spoke 0.03-0.07 away from its one-graph run."""
     kokoro = KokoroEngine(CACHE_DIR, None, RuntimeOptions(batch_size=4), precision)
     assert not kokoro.capabilities.batching
+
+
+def test_a_batching_engine_opens_no_session_of_the_whole_graph(monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """Its calls run on the encoder and the batched decoder: a session of the one-graph fp32
+    model beside them would hold a third copy of the weights that no call uses."""
+    import engines.kokoro
+    import engines.kokoro_batch
+    import engines.onnx
+
+    opened: list[str] = []
+    real = engines.onnx.open_session
+
+    def spy(model: Path | bytes, *args: object, **kwargs: object) -> ort.InferenceSession:
+        opened.append(Path(str(model)).name)
+        return real(model, *args, **kwargs)  # type: ignore[arg-type]
+
+    for module in (engines.onnx, engines.kokoro, engines.kokoro_batch):
+        monkeypatch.setattr(module, "open_session", spy)
+    kokoro = KokoroEngine(CACHE_DIR, None, RuntimeOptions(batch_size=2), "fp32")
+    kokoro.load()
+    assert sorted(opened) == sorted(graph_files())
+    assert kokoro.loaded and kokoro.providers() == ("CPUExecutionProvider",)
+    audio = kokoro.synthesize(SynthesisRequest(SENTENCES[0], VOICE, language="en-us"))
+    heard = decode(_wav(audio), "wav")
+    assert 0.5 < heard.duration < 5 and heard.rms > 0.01
+    kokoro.unload()
+    assert not kokoro.loaded and kokoro.providers() == ()

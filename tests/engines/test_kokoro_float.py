@@ -21,7 +21,7 @@ from engines.base import LoadFailed, SynthesisRequest, WordTiming
 from engines.dequantize import QUANTIZED_OPS, UnknownPattern, dequantize
 from engines.kokoro import DURATIONS, KokoroEngine, assemble_model, prepare_model
 from engines.kokoro_float import KEEP_FP32, Precision, intact
-from engines.onnx import RuntimeOptions
+from engines.onnx import RuntimeOptions, SessionPool
 from tests.conftest import CACHE_DIR
 from tests.hearing import hear, word_error_rate
 
@@ -62,7 +62,9 @@ class _Recorder:
 def speak(precision: Precision) -> Spoken:
     engine = KokoroEngine(CACHE_DIR, None, RuntimeOptions(intra_op_threads=2), precision)
     engine.load()
-    recorder = engine._session = _Recorder(engine._session)
+    assert engine._pool is not None
+    recorder = _Recorder(engine._pool.sessions[0])
+    engine._pool = SessionPool([recorder])
     try:
         audio, words = [], []
         for sentence in SENTENCES:

@@ -197,3 +197,30 @@ def test_a_websocket_session_is_traced(traced: Traced) -> None:
     assert attributes["voxmux.model"] == "espeak" and attributes["voxmux.characters"] == len(text)
     assert float(attributes["voxmux.audio_seconds"]) > 1  # type: ignore[arg-type]
     assert len(named(spans, "segment")) == attributes["voxmux.segments"] >= 3
+
+
+def _everything_recorded(spans: list[ReadableSpan]) -> str:
+    """Every attribute, event attribute and status description of `spans`, as one text."""
+    parts: list[str] = []
+    for s in spans:
+        parts += [str(v) for v in (s.attributes or {}).values()]
+        parts.append(s.status.description or "")
+        for event in s.events:
+            parts += [str(v) for v in (event.attributes or {}).values()]
+    return "\n".join(parts)
+
+
+def test_a_refused_input_is_not_copied_into_the_trace(traced: Traced) -> None:
+    """The input text stays out of the trace, also when the error the client gets quotes it."""
+    rid = request_id()
+    secret = "ひみつのあいことば"
+    response = traced.client.post("/v1/audio/speech", headers={"X-Request-ID": rid}, json={
+        "model": "hibari", "input": f"{secret}です。"})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "unsupported_language" and secret[:5] in error["message"]
+    root, spans = traced.trace(rid)
+    assert root.status.status_code is StatusCode.ERROR
+    assert "unsupported_language" in _everything_recorded([root])
+    recorded = _everything_recorded([root, *spans])
+    assert secret[:5] not in recorded, recorded

@@ -28,8 +28,8 @@ TEXT = " ".join(SENTENCES * 2)  # ~600 characters: a short segment, a full one, 
 LIMIT = 400  # Piper's max_segment_chars
 
 
-def service(tmp_path: Path, packing: str) -> SpeechService:
-    app = create_app(test_settings(tmp_path, preload=[], segment_packing=packing))
+def service(tmp_path: Path, packing: str, **overrides: object) -> SpeechService:
+    app = create_app(test_settings(tmp_path, preload=[], segment_packing=packing, **overrides))
     svc: SpeechService = app.state.service
     return svc
 
@@ -65,6 +65,22 @@ async def test_auto_packs_full_on_a_device_and_grows_on_the_cpu(
         assert_full(full, svc.settings.first_segment_chars)
         assert len(full) < len(grown)
         assert " ".join(full) == " ".join(grown) == " ".join(TEXT.split())
+    finally:
+        await svc.registry.close()
+
+
+async def test_auto_reads_the_configured_providers_before_the_model_loads(
+        tmp_path: Path) -> None:
+    """A request planned before its model loads (no preload, after an idle unload, and always
+    on a cluster's ingress, which loads no engine) is cut for where the model is configured to
+    run; eSpeak NG, on no onnxruntime provider, grows whatever the providers say."""
+    svc = service(tmp_path, "auto", providers="CUDAExecutionProvider,CPUExecutionProvider",
+                  model_providers={"piper": "CUDAExecutionProvider,CPUExecutionProvider"})
+    try:
+        assert not svc.registry["piper"].engine.loaded
+        assert_full(await segments(svc), svc.settings.first_segment_chars)
+        plan = await svc.plan(model="espeak", text=TEXT, voice="en-us")
+        assert len(plan.segments[1]) < 200  # grown from the first: 60, then 120
     finally:
         await svc.registry.close()
 
