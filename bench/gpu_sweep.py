@@ -63,6 +63,21 @@ class PrecisionResult:
     error: str | None = None
 
 
+
+def _in_threads(worker: Callable[[], None], concurrency: int, errors: list[BaseException]
+                ) -> float:
+    """Wall seconds of `concurrency` threads each running `worker`; the first error a worker
+    recorded in `errors` is raised here."""
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - start
+
 def _first_audio(engine: KokoroEngine, request: SynthesisRequest) -> float:
     best = float("inf")
     for _ in range(3):
@@ -91,15 +106,7 @@ def _level(engine: KokoroEngine, request: SynthesisRequest, concurrency: int, ro
         except BaseException as exc:  # reported by the caller, not lost in a thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - start
-    if errors:
-        raise errors[0]
+    wall = _in_threads(worker, concurrency, errors)
     audio_s = sum(a for _, a in timings)
     per_request = [t / a for t, a in timings]
     return Level(concurrency, len(timings), round(wall, 3), round(audio_s, 3),
@@ -312,15 +319,7 @@ def _cell_run(engine: Any, voice: str, concurrency: int, requests: int, segments
         except BaseException as exc:  # reported by the caller, not lost in a thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - start
-    if errors:
-        raise errors[0]
+    wall = _in_threads(worker, concurrency, errors)
     return wall, audio[0], firsts
 
 

@@ -13,6 +13,8 @@ import openai
 
 from app.main import create_app
 from app.serving.events import SegmentEnd
+from app.serving.plan import SpeechPlan
+from app.serving.service import SpeechService
 from tests.conftest import LiveServer, decode, test_settings
 
 SENTENCES = [
@@ -93,6 +95,20 @@ def test_sse_events_carry_the_audio_and_usage(server: LiveServer) -> None:
     assert abs(done["stats"]["audio_duration_ms"] / 1000 - audio.duration) < 0.05
 
 
+async def segment_audio(service: SpeechService, plan: SpeechPlan) -> list[np.ndarray]:
+    """Each segment's audio of `plan`, spoken (a segment may come in several pieces)."""
+    chunks: list[np.ndarray] = []
+    pieces: list[np.ndarray] = []
+    async with service.speak(plan) as job:
+        async for event in job.events():
+            if isinstance(event, np.ndarray):
+                pieces.append(event)
+            elif isinstance(event, SegmentEnd):
+                chunks.append(np.concatenate(pieces))
+                pieces = []
+    return chunks
+
+
 async def test_segment_joins_are_click_free_and_unclipped(tmp_path: Path) -> None:
     # One whole sentence per segment (no first-segment cut, no packing): four sentences, three
     # sentence joins to check (a join inside a sentence: tests/app/serving/test_fairness.py).
@@ -102,14 +118,7 @@ async def test_segment_joins_are_click_free_and_unclipped(tmp_path: Path) -> Non
     try:
         for model in ("piper", "kokoro"):
             plan = await service.plan(model=model, text=" ".join(SENTENCES[:4]))
-            chunks, pieces = [], []  # each segment's audio (it may come in several pieces)
-            async with service.speak(plan) as job:
-                async for event in job.events():
-                    if isinstance(event, np.ndarray):
-                        pieces.append(event)
-                    elif isinstance(event, SegmentEnd):
-                        chunks.append(np.concatenate(pieces))
-                        pieces = []
+            chunks = await segment_audio(service, plan)
             assert len(chunks) >= 4
             inside = max(float(np.max(np.abs(np.diff(c)))) for c in chunks)
             joins = [abs(float(b[0]) - float(a[-1])) for a, b in pairwise(chunks)]

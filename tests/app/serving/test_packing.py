@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from app.main import create_app
-from app.serving.events import SegmentEnd
 from app.serving.service import SpeechService
 from engines.registry import ModelHandle
+from tests.app.protocols.test_streaming import segment_audio
 from tests.conftest import test_settings
 from tests.hearing import hear, word_error_rate
 
@@ -90,14 +90,7 @@ async def test_full_packing_is_heard_whole_with_clean_joins(tmp_path: Path) -> N
     try:
         plan = await svc.plan(model="piper", text=TEXT)
         assert_full(plan.segments, svc.settings.first_segment_chars)
-        chunks, pieces = [], []
-        async with svc.speak(plan) as job:
-            async for event in job.events():
-                if isinstance(event, np.ndarray):
-                    pieces.append(event)
-                elif isinstance(event, SegmentEnd):
-                    chunks.append(np.concatenate(pieces))
-                    pieces = []
+        chunks = await segment_audio(svc, plan)
         assert len(chunks) == len(plan.segments)
         inside = max(float(np.max(np.abs(np.diff(c)))) for c in chunks)
         joins = [abs(float(b[0]) - float(a[-1])) for a, b in pairwise(chunks)]
