@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from app.main import runtime_options
+from app.serving.wiring import runtime_options
 from app.settings import load_settings
 from bench import load
 from bench.common import run_benchmark, timed_phase, voxmux_process

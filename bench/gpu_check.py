@@ -75,9 +75,9 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 import soundfile  # noqa: E402
 
 from app.cli.doctor import nvml_report  # noqa: E402
-from app.main import runtime_options  # noqa: E402
 from app.serving.catalogue import Catalogue  # noqa: E402
 from app.serving.memory import NVML  # noqa: E402
+from app.serving.wiring import runtime_options  # noqa: E402
 from app.settings import Settings, load_settings  # noqa: E402
 from bench import gpu_sweep  # noqa: E402
 from engines.base import SynthesisFailed, SynthesisRequest  # noqa: E402

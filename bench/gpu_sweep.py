@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.main import runtime_options
+from app.serving.wiring import runtime_options
 from app.settings import Settings
 from engines.base import SynthesisRequest
 from engines.kokoro import KokoroEngine, prepare_model

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from app.main import runtime_options
+from app.serving.wiring import runtime_options
 from app.settings import load_settings
 from bench.common import write_result
 from engines.kokoro import KokoroEngine, assemble_model

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from app.main import runtime_options
+from app.serving.wiring import runtime_options
 from app.settings import load_settings
 from app.text.split import split_text
 from bench import load

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from app.main import runtime_options
+from app.serving.wiring import runtime_options
 from app.settings import Settings
 from app.text.split import split_text
 from engines.base import SynthesisRequest

@@ -27,6 +27,8 @@ import soxr
 from av.audio.stream import AudioStream
 
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+PCM_RATE = 24_000
+"""The rate of OpenAI's `pcm` response format (raw samples: no header says their rate)."""
 TELEPHONY = ("ulaw",)
 """Raw G.711 mu-law (telephony stacks' 8 kHz audio): ElevenLabs' `ulaw_8000`, not an OpenAI
 format."""

@@ -28,7 +28,6 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from app.cli.local import FORMATS, Output, local_service
-from app.jobs.front import start_job
 from app.jobs.model import BOOK_FORMAT, FINISHED, Job
 from app.jobs.results import encoded, whole_chunks, whole_rate
 from app.jobs.runner import JobRunner
@@ -144,6 +143,7 @@ def _fail(message: str) -> None:
 
 async def _book(args: argparse.Namespace, settings: Settings, request: JobRequest, key: str,
                 output: Output, err: Console) -> None:
+    from app.jobs.front import start_job  # the jobs' front door: `say` starts without it
     from engines.base import VoxMuxError
 
     async with local_service(settings) as service:

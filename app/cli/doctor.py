@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from app.http.auth import KEY_FILE
-from app.main import runtime_options
 from app.serving.catalogue import Catalogue
+from app.serving.wiring import runtime_options
 from app.settings import Settings, profiles_dir
 from engines import kokoro
 from engines.onnx import available_providers, probe_providers, runtime_package, runtime_version

@@ -34,7 +34,7 @@ FORMATS = {".mp3": "mp3", ".wav": "wav", ".flac": "flac", ".opus": "opus", ".ogg
 @asynccontextmanager
 async def local_service(settings: Settings) -> AsyncIterator[SpeechService]:
     """A speech service on this process's engines; its models unload when the block ends."""
-    from app.main import build_registry, runtime_options  # the wiring of one server process
+    from app.serving.wiring import build_registry, runtime_options
 
     catalogue = Catalogue.load(settings.catalogue_path)
     registry = build_registry(settings, catalogue, runtime_options(settings))

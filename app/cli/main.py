@@ -15,14 +15,11 @@ import argparse
 import importlib.util
 import os
 
-import uvicorn
-
-from app.cli import audiobook, doctor, speak
-from app.cli.logs import configure_logging
-from app.http.connections import server_config
-from app.main import create_app
+from app.cli import audiobook, speak
 from app.settings import Settings, load_settings
-from engines import heap
+
+# The server's modules (uvicorn, the app, FastAPI) and the doctor's are imported by the command
+# that needs them: `voxmux say` and `voxmux voices` start about two seconds sooner without them.
 
 DEFAULT_PROFILE = "cpu"
 
@@ -81,6 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as exc:  # an unknown profile, or a value pydantic refuses
         parser.error(str(exc))
     if args.command == "doctor":
+        from app.cli import doctor
+
         raise SystemExit(doctor.run(settings, as_json=args.json, strict=args.strict))
     if args.command in ("say", "voices"):
         raise SystemExit(speak.run(args, settings))
@@ -90,6 +89,17 @@ def main(argv: list[str] | None = None) -> None:
         from app.cli import mcp
 
         raise SystemExit(mcp.run(settings))
+    _serve(args, settings, parser)
+
+
+def _serve(args: argparse.Namespace, settings: Settings, parser: argparse.ArgumentParser) -> None:
+    import uvicorn
+
+    from app.cli.logs import configure_logging
+    from app.http.connections import server_config
+    from app.main import create_app
+    from engines import heap
+
     configure_logging(settings)
     heap.limit_arenas()  # before uvicorn and the engines start their threads
     if args.ray or settings.ray_address:

@@ -79,7 +79,7 @@ class Engines:
         """`models`: the only models this deployment serves (placed by resources); None: any
         the ingress sends."""
         # An async constructor (Serve awaits it): its tasks start on the replica's loop.
-        from app.main import build_registry, runtime_options  # the same wiring as one process
+        from app.serving.wiring import build_registry, runtime_options  # as in one process
 
         self.settings = settings
         self._models = models

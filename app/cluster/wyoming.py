@@ -60,10 +60,10 @@ class ClusterWyoming:
             self._started.set()
 
     async def _serve(self) -> None:
-        from app.main import build_registry, runtime_options
         from app.protocols.wyoming import start_server
         from app.serving.catalogue import Catalogue
         from app.serving.service import SpeechService
+        from app.serving.wiring import build_registry, runtime_options
 
         settings = self.settings
         self._loop, self._stopping = asyncio.get_running_loop(), asyncio.Event()

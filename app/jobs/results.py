@@ -16,10 +16,9 @@ from typing import Any
 import numpy as np
 
 from app.audio.audiobook import BookChapter, resampled, write_m4b
-from app.audio.encoders import StreamEncoder
+from app.audio.encoders import PCM_RATE, StreamEncoder
 from app.jobs.model import Item, Job, JobNotFound
 from app.jobs.store import Store
-from app.protocols.openai import PCM_RATE
 from app.protocols.timestamps import CaptionFormat, captions
 from app.text.prepared import blank_markup
 from engines.base import Audio, WordTiming

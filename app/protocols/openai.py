@@ -26,7 +26,7 @@ import numpy as np
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from app.audio.encoders import StreamEncoder, content_type
+from app.audio.encoders import PCM_RATE, StreamEncoder, content_type
 from app.http.errors import as_voxmux, error_body, error_response
 from app.protocols.timestamps import word_json
 from app.serving import tracing
@@ -35,9 +35,6 @@ from app.serving.job import SpeechJob
 from engines.base import Audio, InvalidParameter
 
 log = logging.getLogger(__name__)
-
-PCM_RATE = 24_000
-"""The rate of OpenAI's `pcm` response format."""
 
 Body = Callable[[SpeechJob, AsyncIterator[JobEvent], StreamEncoder], AsyncIterator[bytes]]
 """Produces the body from the job's events (audio chunks, and the segment ends and words that

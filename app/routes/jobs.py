@@ -16,7 +16,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
-from app.audio.encoders import CONTENT_TYPES, content_type, output_rate
+from app.audio.encoders import CONTENT_TYPES, PCM_RATE, content_type, output_rate
 from app.http.deps import ClientDep, RequestIdDep, ServiceDep
 from app.http.disconnect import unless_disconnected
 from app.jobs.batch import batch_items, run_batch
@@ -43,7 +43,6 @@ from app.jobs.results import (
 )
 from app.jobs.runner import JobRunner
 from app.jobs.store import Store
-from app.protocols.openai import PCM_RATE
 from app.protocols.schemas import (
     ERROR_RESPONSES,
     BatchRequest,

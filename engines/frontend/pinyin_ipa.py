@@ -7,8 +7,6 @@ aspiration, ɨ for the apical vowel of zhi/zi) with the tone as an arrow after t
 
 from __future__ import annotations
 
-from pypinyin.contrib.tone_convert import to_finals, to_initials, to_normal
-
 TONES = {"1": "→", "2": "↗", "3": "↓", "4": "↘", "5": ""}
 
 INITIALS = {
@@ -37,6 +35,10 @@ SYLLABIC = {"m": "mT", "n": "nT", "ng": "ŋT", "hm": "xmT", "hng": "xŋT"}
 
 def syllable_phonemes(syllable: str) -> str:
     """`zhong1` -> `ꭧʊ→ŋ`; a syllable pypinyin could not read (no tone digit) is dropped."""
+    # Imported here: importing pypinyin reads its phrase dictionary (about half a second), which
+    # every process that loads Kokoro would pay without speaking any Chinese.
+    from pypinyin.contrib.tone_convert import to_finals, to_initials, to_normal
+
     tone = syllable[-1] if syllable[-1:] in TONES else ""
     if not tone:
         return ""

@@ -9,8 +9,6 @@ import re
 import threading
 from collections.abc import Callable
 
-import cn2an
-
 from engines.frontend.pinyin_ipa import syllable_phonemes
 from engines.frontend.spans import Spanned, apply_rules
 from engines.frontend.units import NUMBER, UNIT_AFTER_NUMBER, UNITS
@@ -38,6 +36,8 @@ def number(text: str) -> str:
         whole_part, _, fraction = text.lstrip("-").partition(".")
         spoken = digits(whole_part) + ("点" + digits(fraction) if fraction else "")
         return sign + spoken
+    import cn2an  # here: importing it takes about half a second, paid only by Chinese text
+
     return str(cn2an.an2cn(text, "low"))
 
 

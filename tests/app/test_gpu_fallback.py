@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from app.main import build_registry, create_app, runtime_options
+from app.main import create_app
 from app.serving.catalogue import Catalogue
 from app.serving.scheduler import Lane
+from app.serving.wiring import build_registry, runtime_options
 from engines.registry import EngineRegistry
 from tests.conftest import decode, start_server, test_settings
 

@@ -7,9 +7,12 @@ import importlib.util
 from typing import Any
 
 import pytest
+import uvicorn
 
+from app.cli import logs
 from app.cli import main as cli
 from app.settings import Settings
+from engines import heap
 
 
 @pytest.fixture
@@ -20,9 +23,9 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> list[Settings]:
     import app.cluster.launch as launch
 
     monkeypatch.setattr(launch, "serve_on_ray", calls.append)
-    monkeypatch.setattr(cli.uvicorn, "run", lambda *a, **k: pytest.fail("uvicorn was started"))
-    monkeypatch.setattr(cli, "configure_logging", lambda settings: None)  # keep pytest's logging
-    monkeypatch.setattr(cli.heap, "limit_arenas", lambda: False)
+    monkeypatch.setattr(uvicorn, "Server", lambda *a, **k: pytest.fail("uvicorn was started"))
+    monkeypatch.setattr(logs, "configure_logging", lambda settings: None)  # keep pytest's logging
+    monkeypatch.setattr(heap, "limit_arenas", lambda: False)
     return calls
 
 
@@ -47,8 +50,8 @@ def test_the_two_are_exclusive(capsys: pytest.CaptureFixture[str]) -> None:
 def test_without_ray_installed_the_error_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(cli, "configure_logging", lambda settings: None)
-    monkeypatch.setattr(cli.heap, "limit_arenas", lambda: False)
+    monkeypatch.setattr(logs, "configure_logging", lambda settings: None)
+    monkeypatch.setattr(heap, "limit_arenas", lambda: False)
     real = importlib.util.find_spec
 
     def no_ray(name: str, *args: Any) -> Any:
