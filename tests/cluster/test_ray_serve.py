@@ -223,19 +223,24 @@ def test_streaming_reaches_the_client_before_the_whole_audio(cluster: Deployed) 
     assert len(TEN) / 25 < audio.duration < len(TEN) / 6 and audio.rms > 0.01
 
 
-def served(deployed: Deployed, model: str) -> dict[str, int]:
-    """Render sessions of `model` by replica, from reports made after every request answered
-    so far: a replica counts a session as it starts, but its report reaches `/stats` a second
-    or two later (Ray's metrics interval), and a reading taken sooner can miss the last one."""
+def fresh(deployed: Deployed) -> list[dict[str, Any]]:
+    """The engine replicas' reports made after every request answered so far: a replica counts
+    a session as it starts, but its report reaches `/stats` a second or two later (Ray's
+    metrics interval), and a reading taken sooner can miss the last request."""
     now = time.time()
 
-    def fresh() -> list[dict[str, Any]]:
+    def made_since() -> list[dict[str, Any]]:
         replicas = cluster_state(deployed.url)
         return replicas if replicas and all(r["updated"] > now for r in replicas) else []
 
-    replicas = until(fresh, timeout=15, every=0.25)
+    replicas: list[dict[str, Any]] = until(made_since, timeout=15, every=0.25)
     assert replicas, cluster_state(deployed.url)
-    return {r["id"]: r["models"].get(model, {}).get("served", 0) for r in replicas}
+    return replicas
+
+
+def served(deployed: Deployed, model: str) -> dict[str, int]:
+    """Render sessions of `model` by replica, counting every request answered so far."""
+    return {r["id"]: r["models"].get(model, {}).get("served", 0) for r in fresh(deployed)}
 
 
 def test_requests_go_to_the_replica_that_holds_the_model(cluster: Deployed) -> None:
@@ -292,7 +297,7 @@ def test_a_cache_hit_is_served_by_the_other_ingress_replica(cluster: Deployed) -
 
 def test_a_cancelled_stream_stops_its_engine_on_the_replica(cluster: Deployed) -> None:
     speech(cluster, "piper", unique("Warm.")).raise_for_status()
-    (holder,) = holders(cluster.url, "piper")
+    (holder,) = [r["id"] for r in fresh(cluster) if "piper" in r["holds"]]
 
     def piper_on_holder() -> dict[str, Any]:
         state = next(r for r in cluster_state(cluster.url) if r["id"] == holder)
@@ -773,8 +778,8 @@ def test_autoscaling_adds_an_engine_replica_under_load_and_removes_it_after(clus
     Serve adds a second replica; once they stop, it goes (a short downscale delay here)."""
     cluster.redeploy(ray_engine_replicas=1, ray_engine_max_replicas=2, ray_ingress_replicas=1,
                      cache_url=None, cache_max_items=0, queue_size=16,
-                     ray_engine_upscale_delay=0, ray_engine_downscale_delay=2,
-                     ray_engine_autoscaling={"look_back_period_s": 2, "metrics_interval_s": 0.5})
+                     ray_engine_upscale_delay=0, ray_engine_downscale_delay=1,
+                     ray_engine_autoscaling={"look_back_period_s": 1, "metrics_interval_s": 0.5})
     assert running_engines(cluster) == 1
     stop = threading.Event()
     statuses: list[int] = []
