@@ -482,7 +482,8 @@ def test_a_job_is_shared_by_the_ingress_replicas_and_spread_over_the_engines(
 NARROW = {"ray_engine_replicas": 1, "ray_ingress_replicas": 2, "cache_url": None,
           "cache_max_items": 0, "concurrency": 2, "queue_size": 16, "ray_engine_ongoing": None}
 """One engine replica rendering two requests at once (and taking 18) behind two ingress
-replicas, no cache: the tests from here on share it (a redeploy costs seconds)."""
+replicas, no cache (the same text is rendered each time it is asked for): the tests from here
+on share it (a redeploy costs seconds)."""
 
 
 def test_two_ingress_replicas_stream_through_one_engine_replica(cluster: Deployed) -> None:
@@ -498,7 +499,7 @@ def test_two_ingress_replicas_stream_through_one_engine_replica(cluster: Deploye
     def one() -> None:
         with httpx.Client(base_url=cluster.url, timeout=300) as http, http.stream(
             "POST", "/v1/audio/speech", json={
-                "model": "piper", "voice": "alloy", "input": unique(text),
+                "model": "piper", "voice": "alloy", "input": text,
                 "response_format": "pcm", "stream_format": "sse"}) as response:
             assert response.status_code == 200, response.read()
             events = [json.loads(line[6:]) for line in response.iter_lines()
@@ -530,7 +531,7 @@ def five_counted(cluster: Deployed, enough: Callable[[int, int], bool]) -> None:
     statuses: list[int] = []
 
     def one() -> None:
-        statuses.append(speech(cluster, "piper", unique(TEN), fmt="pcm").status_code)
+        statuses.append(speech(cluster, "piper", TEN, fmt="pcm").status_code)
 
     threads = [threading.Thread(target=one) for _ in range(5)]
     for thread in threads:
