@@ -740,6 +740,7 @@ def cluster_report(replicas: list[ReplicaState], deployment: DeploymentStatus,
                 "id": r.id,
                 "node": r.node,
                 "preloading": r.preloading,
+                "updated": r.updated,
                 "holds": r.holds,
                 "models": {m: asdict(s) for m, s in r.models.items()},
             }

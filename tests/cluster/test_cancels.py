@@ -5,13 +5,31 @@ and once it is back on its port the replicas hear each other again."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from concurrent.futures import Future
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from app.cluster.cancels import RETRY_SECONDS, RedisCancels
+from app.cluster.cancels import CHANNEL, RETRY_SECONDS, RedisCancels
 from tests.redisserver import redis_server
+
+
+async def subscribed_again(url: str) -> None:
+    """Until the listener has subscribed to the restarted Redis (it retries every
+    `RETRY_SECONDS`), as Redis itself counts the channel's subscribers."""
+    import redis.asyncio as redis
+    from redis.exceptions import RedisError
+
+    client = redis.Redis.from_url(url)
+    try:
+        for _ in range(int((RETRY_SECONDS + 10) / 0.05)):
+            with contextlib.suppress(RedisError, OSError):
+                if dict(await client.pubsub_numsub(CHANNEL)).get(CHANNEL.encode()):
+                    return
+            await asyncio.sleep(0.05)
+    finally:
+        await client.aclose()
 
 
 def test_a_cancel_outlives_a_redis_that_stops_and_comes_back(tmp_path: Path) -> None:
@@ -33,7 +51,7 @@ def test_a_cancel_outlives_a_redis_that_stops_and_comes_back(tmp_path: Path) -> 
             await asyncio.to_thread(stopped.wait, 30)
             found.append(await asker.cancel("while-out"))
             await asyncio.to_thread(restarted.wait, 30)
-            await asyncio.sleep(RETRY_SECONDS + 1.5)  # the listener subscribes again
+            await subscribed_again(url)
             found.append(await asker.cancel("after"))
             return found
         finally:
