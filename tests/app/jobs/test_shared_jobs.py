@@ -38,10 +38,17 @@ def _chapter(client: httpx.Client, job_id: str) -> bytes:
     return client.get(done["chapters"][0]["audio"]).content
 
 
+def _shared(tmp: Path, url: str, **settings: object) -> LiveServer:
+    return start_server(test_settings(tmp, preload=["espeak"], idle_ttl=-1, data_dir=tmp / "data",
+                                      jobs_store="redis", cache_url=url, cache_max_items=0,
+                                      jobs_lease_seconds=2, jobs_segment_chars=60, **settings))
+
+
 def test_a_job_outlives_its_killed_process_and_a_cancel_reaches_another(tmp_path: Path) -> None:
+    """A runs as a `voxmux serve` process of its own, killed for real; B and C, the processes
+    that go on, are servers in the test's process."""
     with redis_server(tmp_path / "redis", policy="noeviction") as url:
-        shared = {**SHARED, "cache_url": url}
-        with server(tmp_path / "a", **shared) as (url_a, process_a), \
+        with server(tmp_path / "a", **SHARED, cache_url=url) as (url_a, process_a), \
                 httpx.Client(base_url=url_a, timeout=60) as a:
             job = _job(a, TEXT)
             wait_job(a, job, until=("running",))
@@ -49,36 +56,36 @@ def test_a_job_outlives_its_killed_process_and_a_cancel_reaches_another(tmp_path
                 time.sleep(0.05)
             os.kill(process_a.pid, signal.SIGKILL)
             process_a.wait()
-        with server(tmp_path / "b", **shared) as (url_b, _), \
-                httpx.Client(base_url=url_b, timeout=60) as b:
-            card = b.get(f"/v1/audio/jobs/{job}").json()  # B answers for A's job at once
-            progress = card["progress"]
-            assert card["status"] == "running" and 3 <= progress["done"] < progress["total"]
-            resumed = _chapter(b, job)  # once A's lease lapsed, B took it and finished it
-            whole = _chapter(b, _job(b, TEXT))  # an uninterrupted run of the same text
-            assert decode(resumed, "wav").duration > 75
-            assert decode(resumed, "wav").samples.tobytes() == decode(
-                whole, "wav").samples.tobytes()
-            # A cancel sent to another process stops the job B runs (B claims the jobs made
-            # on it at once; C looks for jobs once a second).
-            with server(tmp_path / "c", **shared) as (url_c, _), \
-                    httpx.Client(base_url=url_c, timeout=60) as c:
-                long = _job(b, TEXT * 8)
-                wait_job(b, long, until=("running",))
-                cancelled = c.delete(f"/v1/audio/jobs/{long}").json()
-                assert cancelled["status"] == "cancelled", cancelled
-                time.sleep(2.5)  # B's runner looks every second
-                first = b.get(f"/v1/audio/jobs/{long}").json()["progress"]["done"]
-                time.sleep(1.5)
-                again = b.get(f"/v1/audio/jobs/{long}").json()
-                assert again["status"] == "cancelled"
-                assert again["progress"]["done"] == first < again["progress"]["total"]
-
-
-def _shared(tmp: Path, url: str, **settings: object) -> LiveServer:
-    return start_server(test_settings(tmp, preload=["espeak"], idle_ttl=-1, data_dir=tmp / "data",
-                                      jobs_store="redis", cache_url=url, cache_max_items=0,
-                                      jobs_lease_seconds=2, jobs_segment_chars=60, **settings))
+        live_b = _shared(tmp_path / "b", url)
+        try:
+            with live_b.client() as b:
+                card = b.get(f"/v1/audio/jobs/{job}").json()  # B answers for A's job at once
+                progress = card["progress"]
+                assert card["status"] == "running" and 3 <= progress["done"] < progress["total"]
+                resumed = _chapter(b, job)  # once A's lease lapsed, B took it and finished it
+                whole = _chapter(b, _job(b, TEXT))  # an uninterrupted run of the same text
+                assert decode(resumed, "wav").duration > 75
+                assert decode(resumed, "wav").samples.tobytes() == decode(
+                    whole, "wav").samples.tobytes()
+                # A cancel sent to another process stops the job B runs (B claims the jobs
+                # made on it at once; C looks for jobs once a second).
+                live_c = _shared(tmp_path / "c", url)
+                try:
+                    with live_c.client() as c:
+                        long = _job(b, TEXT * 8)
+                        wait_job(b, long, until=("running",))
+                        cancelled = c.delete(f"/v1/audio/jobs/{long}").json()
+                        assert cancelled["status"] == "cancelled", cancelled
+                        time.sleep(2.5)  # B's runner looks every second
+                        first = b.get(f"/v1/audio/jobs/{long}").json()["progress"]["done"]
+                        time.sleep(1.5)
+                        again = b.get(f"/v1/audio/jobs/{long}").json()
+                        assert again["status"] == "cancelled"
+                        assert again["progress"]["done"] == first < again["progress"]["total"]
+                finally:
+                    live_c.stop()
+        finally:
+            live_b.stop()
 
 
 def test_a_redis_outage_pauses_jobs_and_they_go_on(tmp_path: Path) -> None:

@@ -4,10 +4,11 @@ segment's wait and synthesis, never a long text that keeps speaking.
 Every route reads the same `SpeechJob`, whose per-segment timeout is the only one on the way
 (streamed HTTP and SSE through `JobResponse`, whole clips through `whole_clip`, both WebSocket
 framings through one session loop). So the cheap engine, eSpeak NG, runs the 4,096-character
-text on every route; Piper runs 2,400 characters (7 packed segments) once per kind of consumer
-(streamed HTTP, whole clip on LunaVox's `/v1/synth`, the case that used to answer 504, and
-WebSocket), under a timeout of a few times what its longest segment takes this machine now,
-below the whole request's length, so the test means the same on a fast, a slow or a busy CPU."""
+text on every route; Piper runs seven sentences, one segment each (`segment_growth` 1: what the
+timeout bounds is one segment, however the text is packed), once per kind of consumer (streamed
+HTTP, whole clip on LunaVox's `/v1/synth`, the case that used to answer 504, and WebSocket),
+under a timeout of a few times what its longest segment takes this machine now, below the whole
+request's length, so the test means the same on a fast, a slow or a busy CPU."""
 
 from __future__ import annotations
 
@@ -39,7 +40,9 @@ def long_text(limit: int = 4096) -> str:
 
 
 TEXT = long_text()
-PIPER_TEXT = long_text(2400)
+PIPER_SENTENCE = ("Sentence {n} of the text Piper reads is spoken in full, and none of it may be "
+                  "cut, however long the request lasts. ")
+PIPER_TEXT = "".join(PIPER_SENTENCE.format(n=n) for n in range(1, 8)).strip()
 
 
 def assert_whole(audio: Decoded, text: str = TEXT) -> None:
@@ -136,8 +139,8 @@ SHORT_TIMEOUT = 8.0
 
 SEGMENT_MARGIN = 2.5
 """The timeout over one segment's time measured just before: room for the machine to slow down
-2.5x meanwhile; the whole text (7 packed segments, about 6 of the longest) outlasts it unless
-the machine speeds up 2.4x or more."""
+2.5x meanwhile; the whole text (seven sentences: seven times the longest) outlasts it unless the
+machine speeds up 2.8x or more."""
 
 
 def segment_seconds(settings: Settings, model: str, text: str) -> float:
@@ -173,7 +176,7 @@ def short_timeout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServ
 @pytest.fixture(scope="module")
 def piper_timeout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, float]]:
     settings = test_settings(tmp_path_factory.mktemp("long-piper"), preload=["piper"],
-                             cache_max_items=0)
+                             cache_max_items=0, segment_growth=1.0)
     timeout = SEGMENT_MARGIN * segment_seconds(settings, "piper", PIPER_TEXT)
     live = start_server(settings.model_copy(update={"request_timeout": timeout}))
     yield live, timeout
