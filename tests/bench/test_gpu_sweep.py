@@ -38,7 +38,9 @@ def test_the_sweep_measures_every_level_and_renders(tmp_path: Path) -> None:
 
 
 def test_the_batch_sweep_compares_piper_batching_off_and_on(tmp_path: Path) -> None:
-    settings = Settings(cache_dir=CACHE_DIR, models_dir=tmp_path)
+    # A wait long enough for the two threads to meet on a busy machine (a full run does not
+    # wait): 5 ms missed once under a load of 15.
+    settings = Settings(cache_dir=CACHE_DIR, models_dir=tmp_path, engine_batch_wait_ms=500)
     off, on = gpu_sweep.piper_batching(settings, [1, 2], [2], rounds=1, text="On time.")
     assert not off.error and not on.error
     assert off.mean_run == 1.0 and on.mean_run is not None and on.mean_run > 1.0  # they met
