@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,16 +64,7 @@ LOOP_RATIO = 2.4
 threshold for decoding again)."""
 
 
-def hear(samples: npt.NDArray[np.float32], rate: int, **options: Any) -> Heard:
-    """Transcribe `samples` (mono float at `rate`), greedy decoding, with word timings.
-
-    Deterministic: Whisper's own remedy for a poor greedy decoding is to sample again at rising
-    temperatures, and its sampler runs on in a worker thread no seed reaches, so the same audio
-    was heard differently from one call to the next. Here a transcript that loops (Whisper
-    writing "5-5-5-..." for a phone number read by eSpeak NG) is decoded again, still greedily,
-    with a mild repetition penalty. `options` go to `transcribe`."""
-    audio = resample(samples, rate)
-
+def _heard_words(audio: npt.NDArray[np.float32], options: dict[str, Any]) -> list[HeardWord]:
     def transcribe(**extra: Any) -> list[Any]:
         segments, _ = _model().transcribe(
             audio, language="en", beam_size=1, word_timestamps=True, temperature=0.0,
@@ -82,9 +74,63 @@ def hear(samples: npt.NDArray[np.float32], rate: int, **options: Any) -> Heard:
     segments = transcribe()
     if any(segment.compression_ratio > LOOP_RATIO for segment in segments):
         segments = transcribe(repetition_penalty=1.1)
-    words = [HeardWord(w.word.strip(), float(w.start), float(w.end))
-             for segment in segments for w in (segment.words or [])]
+    return [HeardWord(w.word.strip(), float(w.start), float(w.end))
+            for segment in segments for w in (segment.words or [])]
+
+
+def _joined(words: list[HeardWord]) -> Heard:
     return Heard(" ".join(w.word for w in words), words)
+
+
+def hear(samples: npt.NDArray[np.float32], rate: int, **options: Any) -> Heard:
+    """Transcribe `samples` (mono float at `rate`), greedy decoding, with word timings.
+
+    Deterministic: Whisper's own remedy for a poor greedy decoding is to sample again at rising
+    temperatures, and its sampler runs on in a worker thread no seed reaches, so the same audio
+    was heard differently from one call to the next. Here a transcript that loops (Whisper
+    writing "5-5-5-..." for a phone number read by eSpeak NG) is decoded again, still greedily,
+    with a mild repetition penalty. `options` go to `transcribe`."""
+    return _joined(_heard_words(resample(samples, rate), options))
+
+
+WINDOW = 29.0
+"""Seconds of audio (clips and the silences after them) heard in one Whisper pass: Whisper
+encodes 30 s at a time whatever the audio's length, and a clip across a window's end was heard
+cut (its last words lost where the next window began after the last word timed)."""
+GAP = 1.0
+"""Seconds of silence after each clip of a pass."""
+
+
+def hear_many(clips: Sequence[tuple[npt.NDArray[np.float32], int]], **options: Any
+              ) -> list[Heard]:
+    """What `hear` says of each (samples, rate) clip, several clips to a Whisper pass: the clips
+    are joined, each followed by `GAP` s of silence, in runs of at most `WINDOW` s, and each word
+    goes back to the clip its middle falls in (a clip's span widened by half a gap either side),
+    timed from that clip's start. Whisper encodes a 30 s window for a 3 s clip, so a run of eight
+    clips costs about what two of them heard apart would. A clip longer than a window is heard
+    alone. What a clip is heard as can depend on the clips before it in its run (Whisper reads
+    on from what it wrote): compare like with like, heard the same way."""
+    audio = [resample(samples, rate) for samples, rate in clips]
+    gap = int(GAP * WHISPER_RATE)
+    runs: list[list[int]] = []
+    for i, clip in enumerate(audio):
+        if runs and sum(len(audio[j]) + gap for j in runs[-1]) + len(clip) + gap <= (
+                WINDOW * WHISPER_RATE):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    heard: list[Heard] = [Heard("", [])] * len(audio)
+    for run in runs:
+        starts = np.cumsum([0] + [len(audio[i]) + gap for i in run])
+        words = _heard_words(np.concatenate(
+            [part for i in run for part in (audio[i], np.zeros(gap, np.float32))]), options)
+        for k, i in enumerate(run):
+            low = (starts[k] - gap / 2) / WHISPER_RATE if k else -np.inf
+            high = (starts[k + 1] - gap / 2) / WHISPER_RATE if k + 1 < len(run) else np.inf
+            offset = starts[k] / WHISPER_RATE
+            heard[i] = _joined([HeardWord(w.word, w.start - offset, w.end - offset)
+                                for w in words if low <= (w.start + w.end) / 2 < high])
+    return heard
 
 
 def _number_words(match: re.Match[str]) -> str:

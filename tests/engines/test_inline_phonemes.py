@@ -16,7 +16,7 @@ from engines.kokoro import KokoroEngine
 from engines.onnx import RuntimeOptions
 from engines.piper import PiperEngine
 from tests.conftest import CACHE_DIR
-from tests.hearing import hear, normalize
+from tests.hearing import hear_many, normalize
 
 WORD = "chocolate"
 MADE_UP = f"Please buy [Zyxqor](/{espeak().phonemize(WORD, 'en-us')}/) today."
@@ -53,14 +53,14 @@ def _say(engine: object, voice: str, text: str, timings: bool = False) -> TimedA
 def test_inline_ipa_is_heard_as_written(engine: tuple[object, str]) -> None:
     made, voice = engine
     rate = made.sample_rate  # type: ignore[attr-defined]
-    plain = " ".join(normalize(hear(_say(made, voice, "Please buy Zyxqor today.").audio,
-                                    rate).text))
-    assert WORD not in plain
-    raw = " ".join(normalize(hear(_say(made, voice, f"Please buy {WORD} today.").audio,
-                                  rate).text))
-    assert WORD in raw, raw  # the engine can say it at all
     said = _say(made, voice, MADE_UP, timings=True)
-    heard = " ".join(normalize(hear(said.audio, rate).text))
+    # one Whisper pass, the word itself last: nothing before the made-up word's reading that
+    # Whisper could read "chocolate" on from
+    plain, heard, raw = (" ".join(normalize(h.text)) for h in hear_many([
+        (_say(made, voice, "Please buy Zyxqor today.").audio, rate), (said.audio, rate),
+        (_say(made, voice, f"Please buy {WORD} today.").audio, rate)]))
+    assert WORD not in plain
+    assert WORD in raw, raw  # the engine can say it at all
     assert WORD in heard, heard
     assert "zyxqor" not in heard and "ipa" not in heard
     spans = {w.word: (w.char_start, w.char_end) for w in said.words}
