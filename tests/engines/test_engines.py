@@ -35,11 +35,13 @@ def test_kokoro_speaks_japanese_and_english(kokoro: KokoroEngine) -> None:
 
 
 def test_kokoro_never_truncates_past_the_token_limit(kokoro: KokoroEngine) -> None:
-    words = "one two three four five six seven eight nine ten " * 12  # > 510 phoneme tokens
+    # Past the 510 phoneme tokens of one inference (536), its second run several words long.
+    words = "one two three four five six seven eight nine ten " * 9 + "eleven twelve thirteen"
     phonemes = kokoro.phonemize(words, "jf_alpha")
     tokens = [kokoro._vocab[c] for c in phonemes if c in kokoro._vocab]
     runs = list(kokoro._token_runs(tokens))
     assert len(runs) >= 2 and all(end - start <= MAX_TOKENS for start, end in runs)
+    assert runs[-1][1] - runs[-1][0] >= 20
     assert runs[0][0] == 0 and runs[-1][1] == len(tokens)
     assert all(a[1] == b[0] for a, b in itertools.pairwise(runs))
     assert sum(end - start for start, end in runs) == sum(1 for c in phonemes if c in kokoro._vocab)

@@ -42,16 +42,16 @@ def _say(engine: KokoroEngine, text: str = TEXT, cancel: CancelToken | None = No
 
 @pytest.fixture(scope="module", params=["int8", "fp32"])
 def pair(request: pytest.FixtureRequest) -> Iterator[tuple[KokoroEngine, np.ndarray]]:
-    """Kokoro with two instances, and what one session of the same graph says for TEXT (a
-    plain onnxruntime session, four threads as each instance has: the same work split)."""
+    """Kokoro with two instances, and what one of them says for TEXT in a call of its own (no
+    other call under way: one session, two threads, as a one-instance engine runs it)."""
     precision: Precision = request.param
-    one = KokoroEngine(CACHE_DIR, None, RuntimeOptions(intra_op_threads=2), precision)
-    one.load()
-    alone = _say(one)
-    one.unload()
     made = KokoroEngine(CACHE_DIR, None, RuntimeOptions(intra_op_threads=2, instances=2),
                         precision)
     made.load()
+    pool = made._pool
+    assert pool is not None and pool.busy() == (0, 0)
+    alone = _say(made)
+    assert pool.busy() == (0, 0)
     yield made, alone
     made.unload()
 

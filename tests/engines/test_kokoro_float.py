@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from engines.base import LoadFailed, SynthesisRequest, WordTiming
 from engines.dequantize import QUANTIZED_OPS, UnknownPattern, dequantize
-from engines.kokoro import DURATIONS, KokoroEngine, assemble_model, prepare_model
+from engines.kokoro import DURATIONS, MODEL_FILE, TIMED_FILE, KokoroEngine, prepare_model
 from engines.kokoro_float import KEEP_FP32, Precision, intact
 from engines.onnx import RuntimeOptions, SessionPool
 from tests.conftest import CACHE_DIR
@@ -75,8 +75,23 @@ def speak(precision: Precision) -> Spoken:
             words.append(chunks[0].words)
     finally:
         engine.unload()
-    wer = [word_error_rate(s, hear(a, 24_000).text) for s, a in zip(SENTENCES, audio, strict=True)]
+    heard = hear_each(audio, 24_000)
+    wer = [word_error_rate(s, h) for s, h in zip(SENTENCES, heard, strict=True)]
     return Spoken(audio, recorder.frames, words, wer)
+
+
+def hear_each(clips: list[np.ndarray], rate: int, gap: float = 1.0) -> list[str]:
+    """What Whisper hears in each clip, in one pass over all of them `gap` seconds apart: each
+    heard word goes to the clip its middle falls in (or the half gap either side of it)."""
+    silence = np.zeros(int(gap * rate), np.float32)
+    joined, bounds, at = [], [], 0.0
+    for clip in clips:
+        joined += [clip.astype(np.float32), silence]
+        bounds.append((at - gap / 2, at + len(clip) / rate + gap / 2))
+        at += len(clip) / rate + gap
+    words = hear(np.concatenate(joined), rate).words
+    return [" ".join(w.word for w in words if low <= (w.start + w.end) / 2 < high)
+            for low, high in bounds]
 
 
 @pytest.fixture(scope="session")
@@ -176,31 +191,41 @@ def test_fp16_graph_holds_its_weights_in_float16_but_the_signal_source_in_float3
             assert cast is None or cast.attribute[0].i != TensorProto.FLOAT16, node.name
 
 
-def copy_int8_graph(folder: Path) -> None:
-    """The assembled int8 graph in `folder`, as if assembled there."""
-    model = assemble_model(CACHE_DIR)
-    for source in (model, model.with_name(model.name + ".sha256")):
-        shutil.copy(source, folder / source.name)
+def built_graphs(folder: Path, float_graphs: dict[str, Path]) -> Path:
+    """The int8, timed and fp32 graphs of the tests' cache dir in `folder`, as if built there:
+    `folder`'s fp32 graph. The two int8 graphs, only read, are links; the fp32 graph and every
+    marker are copies, so that a test cutting or rebuilding them leaves the cache's alone."""
+    fp32 = float_graphs["fp32"]
+    for name in (MODEL_FILE, TIMED_FILE):
+        (folder / name).symlink_to(CACHE_DIR / name)
+    for name in (MODEL_FILE + ".sha256", TIMED_FILE + ".stamp", fp32.name + ".stamp", fp32.name):
+        shutil.copy(CACHE_DIR / name, folder / name)
+    return folder / fp32.name
 
 
-def test_float_graph_is_built_once_and_again_when_cut_off(tmp_path: Path) -> None:
-    copy_int8_graph(tmp_path)
-    built = prepare_model(tmp_path, "fp32")
+def test_float_graph_is_built_once_and_again_when_cut_off(tmp_path: Path,
+                                                         float_graphs: dict[str, Path]) -> None:
+    built = built_graphs(tmp_path, float_graphs)
+    assert intact(built)
     first = built.stat().st_mtime_ns
-    assert prepare_model(tmp_path, "fp32").stat().st_mtime_ns == first  # reused
+    assert prepare_model(tmp_path, "fp32") == built
+    assert built.stat().st_mtime_ns == first  # reused, not built again
     with built.open("r+b") as f:  # a copy cut short (a full disk, a killed copy)
         f.truncate(built.stat().st_size // 2)
     assert not intact(built)
-    prepare_model(tmp_path, "fp32")
+    prepare_model(tmp_path, "fp32")  # built again from the int8 graph
     assert intact(built) and built.stat().st_mtime_ns != first
+    assert built.stat().st_size == float_graphs["fp32"].stat().st_size
 
 
 def test_fp16_without_the_converter_names_the_package(tmp_path: Path,
+                                                      float_graphs: dict[str, Path],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    copy_int8_graph(tmp_path)
+    built_graphs(tmp_path, float_graphs)
     monkeypatch.setitem(sys.modules, "onnxconverter_common.float16", None)  # import fails
     with pytest.raises(LoadFailed, match="onnxconverter-common"):
         prepare_model(tmp_path, "fp16")
+    assert not (tmp_path / float_graphs["fp16"].name).exists()
 
 
 def _quantized_matmul(activation_from_quantizer: bool = True) -> onnx.ModelProto:
