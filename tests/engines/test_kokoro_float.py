@@ -23,7 +23,7 @@ from engines.kokoro import DURATIONS, MODEL_FILE, TIMED_FILE, KokoroEngine, prep
 from engines.kokoro_float import KEEP_FP32, Precision, intact
 from engines.onnx import RuntimeOptions, SessionPool
 from tests.conftest import CACHE_DIR
-from tests.hearing import hear, word_error_rate
+from tests.hearing import hear_many, word_error_rate
 
 SENTENCES = [  # two short ones (the bounds below were measured over four) and a long one
     "The morning train left the station exactly on time.",
@@ -75,23 +75,9 @@ def speak(precision: Precision) -> Spoken:
             words.append(chunks[0].words)
     finally:
         engine.unload()
-    heard = hear_each(audio, 24_000)
+    heard = [h.text for h in hear_many([(clip, 24_000) for clip in audio])]
     wer = [word_error_rate(s, h) for s, h in zip(SENTENCES, heard, strict=True)]
     return Spoken(audio, recorder.frames, words, wer)
-
-
-def hear_each(clips: list[np.ndarray], rate: int, gap: float = 1.0) -> list[str]:
-    """What Whisper hears in each clip, in one pass over all of them `gap` seconds apart: each
-    heard word goes to the clip its middle falls in (or the half gap either side of it)."""
-    silence = np.zeros(int(gap * rate), np.float32)
-    joined, bounds, at = [], [], 0.0
-    for clip in clips:
-        joined += [clip.astype(np.float32), silence]
-        bounds.append((at - gap / 2, at + len(clip) / rate + gap / 2))
-        at += len(clip) / rate + gap
-    words = hear(np.concatenate(joined), rate).words
-    return [" ".join(w.word for w in words if low <= (w.start + w.end) / 2 < high)
-            for low, high in bounds]
 
 
 @pytest.fixture(scope="session")
