@@ -21,10 +21,13 @@ $(BIN)/.installed-dev: $(BIN)/.installed
 serve: $(BIN)/.installed
 	$(BIN)/voxmux serve --profile $(PROFILE)
 
+# Two pytest-xdist workers, a test module to a worker at a time (tests/conftest.py says how);
+# TEST_WORKERS=1 runs the suite in one process.
+TEST_WORKERS ?= 2
 test: $(BIN)/.installed-dev
 	$(BIN)/ruff check app engines tests bench
 	$(BIN)/mypy
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS))
 
 # The edit-test loop: lint, types and the tests that run no engine, server or process (about
 # half a minute here; tests/conftest.py's ENGINE_SIGNS says which). `make test` runs them all.

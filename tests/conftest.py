@@ -63,7 +63,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="only the tests that run no engine, server or process (make check)")
 
 
+ROOT = Path(__file__).resolve().parent
+CLUSTER = ROOT / "cluster"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (`make test` runs two workers), a module's tests stay on one worker,
+    so its module fixtures (a server, a model) start once, and every Ray test shares one
+    worker, so two local clusters never start at once on a small machine."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "tests/cluster" if module.startswith("tests/cluster/") else module
+
+    return ModuleScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if hasattr(config, "workerinput"):  # an xdist worker: the scheduler takes this order
+        # The Ray group first: it is the longest, so it must not be the last to start.
+        items.sort(key=lambda item: CLUSTER not in Path(str(item.path)).parents)
     if not config.getoption("--no-engines"):
         return
     heavy: dict[Path, bool] = {}

@@ -279,9 +279,11 @@ def _socket(url: str, messages: list[dict[str, object]]) -> tuple[list[dict[str,
 
     frames: list[dict[str, Any]] = []
     with connect(url) as ws:
-        for message in messages:
-            ws.send(json.dumps(message))
         try:
+            # The server may close before the last message (a refused key): what was not sent
+            # then is not a failure, the close code says what happened.
+            for message in messages:
+                ws.send(json.dumps(message))
             while True:
                 frames.append(json.loads(ws.recv(timeout=60)))
         except ConnectionClosed:
