@@ -61,12 +61,13 @@ def _in_sentences(chars: list[str]) -> str:
 @pytest.mark.parametrize("model", list(VOICES))
 def test_no_unicode_numeral_answers_5xx_on_any_engine(live: LiveServer, model: str) -> None:
     """Plain text holding every numeral of a few blocks: hibari answered 500 (its G2P's
-    `int('¹')`). Kokoro renders at about 2.5x real time here: it speaks three numerals of each
-    block, and its front end (runs, normalizers, G2P: everything but the graph) reads all of
-    them in-process."""
+    `int('¹')`). Kokoro renders at about 2.5x real time here: it speaks the first numeral of
+    each block through the server (the graph reads phonemes, whatever numeral they came from),
+    and its front end (runs, normalizers, G2P: everything but the graph) reads all of them
+    in-process."""
     chars = NUMERALS
     if model == "kokoro":
-        chars = [c for start, end in BLOCKS for c in numerals([(start, end)])[:3]]
+        chars = [numerals([block])[0] for block in BLOCKS]
     with live.client() as client:
         for i in range(0, len(chars), 80):
             response = _speak(client, model, _in_sentences(chars[i:i + 80]))
@@ -79,10 +80,11 @@ def test_no_unicode_numeral_answers_5xx_on_any_engine(live: LiveServer, model: s
 
 @pytest.mark.parametrize("model", ["hibari", "piper", "espeak"])
 def test_a_text_of_numerals_only_is_read(live: LiveServer, model: str) -> None:
-    """No letter at all: the text is read in the voice's language, English here (every fifth
-    numeral: the front end is the one the test above went through)."""
+    """No letter at all: the text is read in the voice's language, English here (every
+    twentieth numeral, from most blocks: the front end is the one the test above went
+    through)."""
     with live.client() as client:
-        response = _speak(client, model, " ".join(NUMERALS[::5]))
+        response = _speak(client, model, " ".join(NUMERALS[::20]))
     assert response.status_code == 200, response.text
     assert decode(response.content, "pcm", pcm_rate=24_000).duration > 0.5
 
