@@ -20,7 +20,7 @@ from engines.onnx import RuntimeOptions, SessionPool, usable_cores
 from engines.piper import PiperEngine
 from tests.conftest import CACHE_DIR
 
-TEXT = "Two calls at once, each on its own session."
+TEXT = "Two calls at once."  # short: what overlaps is the calls, not their length
 LONG = ("The lighthouse keeper climbed the spiral stairs every evening, counting each step, "
         "listening to the wind, and wondering whether the ships far out at sea could see "
         "the small warm light he tended so carefully through the long cold night")
