@@ -1,15 +1,14 @@
 """`voxmux say` and `voxmux voices`, run as a user runs them (a real subprocess, no server):
 the file's format follows its suffix, decodes with PyAV at the model's rate and is heard right
 by Whisper; SSML and stdin work as on the API; `voices` lists every model of the catalogue;
-bad input is one line on stderr and exit status 2, never a traceback. The files `say` writes
-are heard in one Whisper pass (`hear_many`), each checked by its own test."""
+bad input is one line on stderr and exit status 2, never a traceback."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,86 +16,73 @@ import pytest
 
 from app.serving.catalogue import Catalogue
 from app.settings import Settings
-from tests.conftest import CACHE_DIR, Decoded, decode
-from tests.hearing import Heard, hear_many, word_error_rate
+from tests.conftest import CACHE_DIR, decode
+from tests.hearing import hear, word_error_rate
 
 
-def voxmux(tmp: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+def voxmux(tmp: Path, *args: str, stdin: str | None = None, imports: bool = False
+           ) -> subprocess.CompletedProcess[str]:
+    """`voxmux ARGS` in a process of its own; `imports`: stderr lists every module it imported
+    (Python's `-X importtime`)."""
     env = {**os.environ, "VOXMUX_DATA_DIR": str(tmp / "data"),
            "VOXMUX_LEXICONS_DIR": str(tmp / "lexicons"), "VOXMUX_CACHE_DIR": str(CACHE_DIR),
            "VOXMUX_CREDENTIALS_DIR": str(tmp / "credentials")}
+    if imports:
+        env["PYTHONPROFILEIMPORTTIME"] = "1"
     return subprocess.run([sys.executable, "-m", "app.cli", *args], env=env, input=stdin,
                           capture_output=True, text=True, timeout=300, check=False)
 
 
-FOX = "The quick brown fox jumps over the lazy dog."
-SUFFIXES = [(".wav", "wav", "piper", 22050), (".mp3", "mp3", "piper", 22050),
-            (".flac", "flac", "tts-1", 24000), (".ogg", "opus", "piper", 48000)]
-SSML = '<speak>Hello there.<break time="2s"/>Goodbye now.</speak>'
-
-
-@dataclass
-class Said:
-    folder: Path
-    out: Path
-    done: subprocess.CompletedProcess[str]
-    audio: Decoded | None = None
-    heard: Heard | None = None
-
-
-@pytest.fixture(scope="module")
-def said(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Said]:
-    """`voxmux say` run for each suffix (the fox) and for SSML on stdin, each in a folder of its
-    own; what came out decoded, and all of it heard in one Whisper pass (`hear_many`) instead
-    of one a file."""
-    runs: dict[str, Said] = {}
-    for suffix, fmt, model, _ in SUFFIXES:
-        folder = tmp_path_factory.mktemp(fmt)
-        out = folder / f"fox{suffix}"
-        runs[fmt] = Said(folder, out, voxmux(folder, "say", FOX, "-m", model, "-o", str(out)))
-    folder = tmp_path_factory.mktemp("ssml")
-    out = folder / "ssml.wav"
-    runs["ssml"] = Said(folder, out, voxmux(folder, "say", "-", "-m", "piper", "-o", str(out),
-                                            stdin=SSML))
-    for fmt, run in runs.items():
-        if run.done.returncode == 0 and run.out.exists():
-            run.audio = decode(run.out.read_bytes(), "wav" if fmt == "ssml" else fmt)
-    spoken = [run for run in runs.values() if run.audio is not None]
-    for run, heard in zip(spoken, hear_many([(run.audio.samples, run.audio.sample_rate)
-                                             for run in spoken if run.audio is not None]),
-                          strict=True):
-        run.heard = heard
-    return runs
-
-
-@pytest.mark.parametrize(("suffix", "fmt", "model", "rate"), SUFFIXES)
-def test_say_writes_the_suffix_format_and_is_heard(said: dict[str, Said], suffix: str, fmt: str,
+@pytest.mark.parametrize(("suffix", "fmt", "model", "rate"), [
+    (".wav", "wav", "piper", 22050), (".mp3", "mp3", "piper", 22050),
+    (".flac", "flac", "tts-1", 24000), (".ogg", "opus", "piper", 48000)])
+def test_say_writes_the_suffix_format_and_is_heard(tmp_path: Path, suffix: str, fmt: str,
                                                     model: str, rate: int) -> None:
-    run = said[fmt]
-    assert run.done.returncode == 0, run.done.stderr
-    assert run.out.name in run.done.stderr and not list(run.folder.glob(".*.part"))
-    audio, heard = run.audio, run.heard
-    assert audio is not None and heard is not None
+    text = "The quick brown fox jumps over the lazy dog."
+    out = tmp_path / f"fox{suffix}"
+    done = voxmux(tmp_path, "say", text, "-m", model, "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert out.name in done.stderr and not list(tmp_path.glob(".*.part"))
+    audio = decode(out.read_bytes(), fmt)
     assert audio.sample_rate == rate
     assert 1.5 < audio.duration < 6 and audio.rms > 0.01
     # (at most two of nine words: Piper samples its noise, and Whisper tiny slips on a word)
-    assert word_error_rate(FOX, heard.text) <= 0.25, heard.text
+    assert word_error_rate(text, hear(audio.samples, audio.sample_rate).text) <= 0.25
 
 
-def test_say_reads_ssml_from_stdin(said: dict[str, Said]) -> None:
-    run = said["ssml"]
-    assert run.done.returncode == 0, run.done.stderr
-    audio, heard = run.audio, run.heard
-    assert audio is not None and heard is not None
+def test_say_reads_ssml_from_stdin(tmp_path: Path) -> None:
+    ssml = '<speak>Hello there.<break time="2s"/>Goodbye now.</speak>'
+    out = tmp_path / "ssml.wav"
+    done = voxmux(tmp_path, "say", "-", "-m", "piper", "-o", str(out), stdin=ssml)
+    assert done.returncode == 0, done.stderr
+    audio = decode(out.read_bytes(), "wav")
+    heard = hear(audio.samples, audio.sample_rate)
     assert word_error_rate("Hello there. Goodbye now.", heard.text) <= 0.25  # no tags read
     frame = audio.sample_rate // 50  # 20 ms
     quiet = [float(np.sqrt(np.mean(audio.samples[i:i + frame] ** 2))) < 0.003
              for i in range(0, len(audio.samples) - frame, frame)]
-    longest = run_length = 0
+    longest = run = 0
     for silent in quiet:
-        run_length = run_length + 1 if silent else 0
-        longest = max(longest, run_length)
+        run = run + 1 if silent else 0
+        longest = max(longest, run)
     assert longest * 0.02 > 1.8  # the 2 s break, in the audio itself
+
+
+WEB = re.compile(r"\|\s+(fastapi|starlette|uvicorn)(\.\S+)?$", re.MULTILINE)
+"""A web framework's module in `-X importtime`'s list."""
+
+
+def test_say_and_voices_start_without_a_web_framework(tmp_path: Path) -> None:
+    """`say` and `voices` run the speech service in process: importing FastAPI, Starlette or
+    uvicorn would cost each start about half a second of CPU for nothing (it crept back once,
+    through the job runner's error bodies)."""
+    say = voxmux(tmp_path, "say", "Hello.", "-m", "espeak", "-o", str(tmp_path / "a.wav"),
+                 imports=True)
+    voices = voxmux(tmp_path, "voices", imports=True)
+    for done in (say, voices):
+        assert done.returncode == 0 and "import time:" in done.stderr, done.stderr[-2000:]
+        assert not WEB.findall(done.stderr), sorted({m[0] for m in WEB.findall(done.stderr)})
+    assert decode((tmp_path / "a.wav").read_bytes(), "wav").duration > 0.3
 
 
 def test_voices_lists_every_model(tmp_path: Path) -> None:
