@@ -69,7 +69,7 @@ CLUSTER = ROOT / "cluster"
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under pytest-xdist (`make test` runs two workers), a module's tests stay on one worker,
+    """Under pytest-xdist (`make test TEST_WORKERS=2`), a module's tests stay on one worker,
     so its module fixtures (a server, a model) start once, and every Ray test shares one
     worker, so two local clusters never start at once on a small machine."""
     from xdist.scheduler import LoadScopeScheduling
