@@ -63,8 +63,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="only the tests that run no engine, server or process (make check)")
 
 
-ROOT = Path(__file__).resolve().parent
-CLUSTER = ROOT / "cluster"
+CLUSTER = "tests/cluster/"
+"""Node ids of the tests that start Ray clusters."""
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -76,8 +76,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class ModuleScheduling(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return "tests/cluster" if module.startswith("tests/cluster/") else module
+            return CLUSTER if nodeid.startswith(CLUSTER) else nodeid.split("::", 1)[0]
 
     return ModuleScheduling(config, log)
 
@@ -85,7 +84,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if hasattr(config, "workerinput"):  # an xdist worker: the scheduler takes this order
         # The Ray group first: it is the longest, so it must not be the last to start.
-        items.sort(key=lambda item: CLUSTER not in Path(str(item.path)).parents)
+        items.sort(key=lambda item: not item.nodeid.startswith(CLUSTER))
     if not config.getoption("--no-engines"):
         return
     heavy: dict[Path, bool] = {}
